@@ -1,6 +1,7 @@
 """Retrieval benchmark: BM25 speed/agreement vs rank_bm25, hit@3 per dataset, faiss compression.
 
     .venv/bin/python bench/retrieval.py [--json] [--quick] [--data ../shared/data]
+                                        [--sections bm25,hit,faiss] [--faiss-config FACTORY ...]
 
 Sections (every figure is measured in this process, against a baseline run here too):
 
@@ -15,8 +16,10 @@ Sections (every figure is measured in this process, against a baseline run here 
    (RRF): some normalised gold answer (SQuAD normalisation, as the EM reward) is a substring of
    one of the top-3 passages (title + text). Questions whose golds are all yes/no are left out.
 3. **faiss compression**: recall@3 of approximate indexes against Flat on the dev questions (top-3
-   overlap), their hit@3 relative to Flat's, their serialised size relative to Flat, and their
-   per-vector code size relative to Flat's (what the ratio tends to on large corpora).
+   overlap), their hit@3 relative to Flat's, and their memory relative to Flat: the bytes each
+   vector adds (what the ratio tends to on large corpora; the memory target is judged on it) and,
+   labelled apart, the serialised size of this 16k-passage index (which also counts fixed
+   codebooks / PCA matrices) and its extrapolation to 21M passages.
 
 Server figures (requests/s over HTTP) come from ``bench/server.py``; :func:`server_section` is
 the hook that would fold them in here. Embeddings and indexes are cached under ``.cache/retrieval``.
@@ -43,9 +46,12 @@ from sleuth.retrieval.bm25 import BM25Params, _make_tokenizer  # noqa: E402
 from sleuth.retrieval.index import build_index, load_index  # noqa: E402
 
 ROBERTSON = BM25Params(method="robertson", k1=1.5, b=0.75)
-# PQ with 8-bit codes trains slowly here (minutes per config on 2 shared cores): measured once,
-# PQ96 0.83, PQ128 0.89 and IVF64,PQ128 0.89 recall@3 on 8-16k passages; left out of the default run.
-APPROX_CONFIGS = ["SQ8", "SQ4", "PQ384x4fs"]
+# 192 B/vector (1/8 of Flat's 1536) candidates, measured 2026-11-22 on wiki_dev (recall@3 vs Flat):
+# PCAR256,SQ6 0.955-0.963 over training samples of 2k-16k vectors (trains in ~1 s); PQ192 (8-bit codes
+# on 2-d sub-vectors) 0.955-0.960 over k-means seeds but 2-5 min of training here, so left out of the
+# default run (pass --faiss-config PQ192); PCA192,SQ8 0.90; SQ4 with quantile ranges 0.943.
+# Earlier, smaller: PQ96 0.83, PQ128 0.89, IVF64,PQ128 0.89 (IVF also adds an 8-byte id per vector).
+APPROX_CONFIGS = ["SQ8", "SQ4", "PQ384x4fs", "PCA256,SQ6", "PCAR256,SQ6"]
 TARGETS = {"bm25_speedup": 50.0, "bm25_top3_agreement": 0.95, "approx_recall3": 0.95, "approx_memory": 1 / 8}
 
 
@@ -136,41 +142,58 @@ def hit_at_3(retriever, questions: dict[str, list[tuple[str, list[str]]]]) -> di
     return out
 
 
-def faiss_compression(dense, questions: dict, configs: list[str], seed: int = 0) -> list[dict]:
-    """Per factory string: recall@3 vs Flat (overlap of top-3 rows on the dev questions), hit@3
-    relative to Flat's, serialised size relative to Flat, and per-vector code bytes vs Flat's."""
+def serialised_bytes(index) -> int:
     import faiss
 
-    from sleuth.retrieval.dense import default_search_params, encode_queries
+    return int(faiss.serialize_index(index).nbytes)
+
+
+def faiss_compression(dense, questions: dict, configs: list[str], seed: int = 0) -> list[dict]:
+    """Per factory string: recall@3 vs Flat (overlap of top-3 rows on the dev questions), hit@3
+    relative to Flat's, and memory vs Flat two ways: serialised size of this 16k-passage index
+    (fixed parts such as codebooks and PCA matrices weigh a lot here), and the bytes each vector
+    adds (serialised size after ``add`` minus the trained, empty index, over n), which is what the
+    ratio tends to on a large corpus (``serialised_vs_flat_at_21M`` extrapolates to wiki-18).
+    Indexes are built by :func:`make_faiss_index`, the code path of ``sleuth index build --faiss``."""
+    import faiss
+
+    from sleuth.retrieval.dense import default_search_params, encode_queries, make_faiss_index
 
     rows_q = [(q, g) for r in questions.values() for q, g in r]
     emb_ND = np.ascontiguousarray(dense.index.reconstruct_n(0, dense.index.ntotal))
+    n, dim = emb_ND.shape
     q_QD = encode_queries(dense.model, [q for q, _ in rows_q], dense.params["query_prefix"])
     _, exact_QK = dense.index.search(q_QD, 3)
-    flat_bytes = faiss.serialize_index(dense.index).nbytes
+    flat_bytes, flat_vec = serialised_bytes(dense.index), 4 * dim
+    flat_fixed = flat_bytes - n * flat_vec
 
     def hit3(rows_QK) -> float:
         return float(np.mean([any(cover_em(f"{p.title} {p.text}", g) for p in dense.store.get_many(r[r >= 0]))
                               for (_, g), r in zip(rows_q, rows_QK)]))
 
     flat_hit = hit3(exact_QK)
-    rng = np.random.default_rng(seed)
     out = []
     for factory in configs:
+        rng = np.random.default_rng(seed)
         t0 = time.perf_counter()
-        index = faiss.index_factory(emb_ND.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
-        if not index.is_trained:
-            index.train(emb_ND[rng.choice(len(emb_ND), size=min(len(emb_ND), 65536), replace=False)])
+        index = make_faiss_index(dim, factory, lambda m: emb_ND[np.sort(rng.choice(
+            n, size=min(n, m, 65536), replace=False))], n)
+        fixed = serialised_bytes(index)
         index.add(emb_ND)
+        build_s = time.perf_counter() - t0
         if default_search_params(factory):
             faiss.ParameterSpace().set_index_parameters(index, default_search_params(factory))
         _, approx_QK = index.search(q_QD, 3)
         recall = np.mean([len(set(a) & set(e)) / 3 for a, e in zip(approx_QK.tolist(), exact_QK.tolist())])
-        mem = faiss.serialize_index(index).nbytes / flat_bytes
+        total = serialised_bytes(index)
+        per_vec = (total - fixed) / n
+        big = 21_000_000
         out.append({"factory": factory, "recall3_vs_flat": round(float(recall), 4),
-                    "hit3_vs_flat": round(hit3(approx_QK) / flat_hit, 4), "memory_vs_flat": round(mem, 4),
-                    "code_bytes_vs_flat": round(index.sa_code_size() / (4 * emb_ND.shape[1]), 4),
-                    "build_s": round(time.perf_counter() - t0, 1)})
+                    "hit3_vs_flat": round(hit3(approx_QK) / flat_hit, 4),
+                    "bytes_per_vector": round(per_vec, 2), "per_vector_vs_flat": round(per_vec / flat_vec, 4),
+                    "serialised_vs_flat": round(total / flat_bytes, 4),
+                    "serialised_vs_flat_at_21M": round((fixed + big * per_vec) / (flat_fixed + big * flat_vec), 4),
+                    "fixed_bytes": fixed, "build_s": round(build_s, 1)})
         log(f"faiss {factory}: {out[-1]}")
     return out
 
@@ -180,44 +203,66 @@ def server_section() -> dict | None:
     return None
 
 
+def approx_targets(faiss_rows: list[dict]) -> dict:
+    """The best config (by recall@3) with >= 0.95 recall@3 (resp. relative hit@3) at <= 1/8 of
+    Flat's memory per vector (False when none). The memory target is judged on the bytes each
+    vector adds (the issue's aim: the 21M-passage wiki-18 index under 8 GB); ``serialised_vs_flat``
+    on this 16k corpus also counts the fixed codebooks / PCA matrices and is reported beside it."""
+    small = [c for c in faiss_rows if c["per_vector_vs_flat"] <= TARGETS["approx_memory"]]
+    best = {}
+    for key, metric in (("approx_dense_recall3", "recall3_vs_flat"), ("approx_dense_hit3", "hit3_vs_flat")):
+        ok = sorted((c for c in small if c[metric] >= TARGETS["approx_recall3"]), key=lambda c: -c[metric])
+        best[key] = ok[0]["factory"] if ok else False
+    best["approx_memory_basis"] = "per_vector_vs_flat"
+    return best
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", action="store_true", help="print one JSON summary as the last line")
     ap.add_argument("--quick", action="store_true", help="fewer questions, a 20k generated corpus, 1 faiss config")
+    ap.add_argument("--sections", default="bm25,hit,faiss",
+                    help="comma-separated subset of bm25,hit,faiss to run (default: all)")
+    ap.add_argument("--faiss-config", action="append", default=None, metavar="FACTORY",
+                    help=f"faiss factory string to measure (repeatable; default {APPROX_CONFIGS})")
     ap.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data")
     ap.add_argument("--cache", type=Path, default=ROOT / ".cache" / "retrieval")
     args = ap.parse_args()
+    sections = set(args.sections.split(","))
+    if sections - {"bm25", "hit", "faiss"}:
+        print(f"error: unknown --sections {sorted(sections - {'bm25', 'hit', 'faiss'})}", file=sys.stderr)
+        return 2
     wiki = args.data / "corpus" / "wiki_dev.jsonl"
     if not wiki.exists():
         print(f"error: {wiki} not found; pass --data DIR (the shared data folder)", file=sys.stderr)
         return 2
     args.cache.mkdir(parents=True, exist_ok=True)
     questions = load_questions(args.data, 50 if args.quick else None)
-    all_q = [q for rows in questions.values() for q, _ in rows]
-    n_gen, n_ref = (20_000, 20) if args.quick else (100_000, 50)
-    gen = generate_corpus(wiki, args.cache / f"generated_{n_gen}.jsonl", n_gen)
     report: dict = {"quick": args.quick, "questions": {k: len(v) for k, v in questions.items()}}
-    report["bm25_speed"] = {"wiki_dev": bm25_vs_rank_bm25("wiki_dev", wiki, args.cache, all_q, n_ref),
-                            f"generated_{n_gen // 1000}k": bm25_vs_rank_bm25(
-                                f"generated_{n_gen}", gen, args.cache, all_q, n_ref)}
-    meta = ensure_index(wiki, "hybrid", args.cache / "wiki_hybrid_Flat", args.cache)
-    hybrid = load_index(args.cache / "wiki_hybrid_Flat")
-    report["encode_seconds"] = meta["dense"]["encode_seconds"]
-    report["hit@3"] = {"bm25": hit_at_3(hybrid.bm25, questions), "dense": hit_at_3(hybrid.dense, questions),
-                       "hybrid": hit_at_3(hybrid, questions)}
-    configs = ["SQ4"] if args.quick else APPROX_CONFIGS
-    report["faiss"] = faiss_compression(hybrid.dense, questions, configs)
-    small = [c for c in report["faiss"] if c["memory_vs_flat"] <= TARGETS["approx_memory"]]
-    ok = [c for c in small if c["recall3_vs_flat"] >= TARGETS["approx_recall3"]]
-    ok_hit = [c for c in small if c["hit3_vs_flat"] >= TARGETS["approx_recall3"]]
-    speed = report["bm25_speed"]
-    report["targets_met"] = {
-        "bm25_speedup": all(s["speedup"] >= TARGETS["bm25_speedup"] for s in speed.values()),
-        "bm25_top3_agreement": all(s["top3_agreement"] >= TARGETS["bm25_top3_agreement"] for s in speed.values()),
-        "approx_dense_recall3": ok[0]["factory"] if ok else False,
-        "approx_dense_hit3": ok_hit[0]["factory"] if ok_hit else False,
-        "hybrid_above_bm25": report["hit@3"]["hybrid"]["macro"] > report["hit@3"]["bm25"]["macro"],
-    }
+    targets: dict = {}
+    if "bm25" in sections:
+        all_q = [q for rows in questions.values() for q, _ in rows]
+        n_gen, n_ref = (20_000, 20) if args.quick else (100_000, 50)
+        gen = generate_corpus(wiki, args.cache / f"generated_{n_gen}.jsonl", n_gen)
+        speed = report["bm25_speed"] = {
+            "wiki_dev": bm25_vs_rank_bm25("wiki_dev", wiki, args.cache, all_q, n_ref),
+            f"generated_{n_gen // 1000}k": bm25_vs_rank_bm25(f"generated_{n_gen}", gen, args.cache, all_q, n_ref)}
+        targets["bm25_speedup"] = all(s["speedup"] >= TARGETS["bm25_speedup"] for s in speed.values())
+        targets["bm25_top3_agreement"] = all(
+            s["top3_agreement"] >= TARGETS["bm25_top3_agreement"] for s in speed.values())
+    if sections & {"hit", "faiss"}:
+        meta = ensure_index(wiki, "hybrid", args.cache / "wiki_hybrid_Flat", args.cache)
+        hybrid = load_index(args.cache / "wiki_hybrid_Flat")
+        report["encode_seconds"] = meta["dense"]["encode_seconds"]
+    if "hit" in sections:
+        report["hit@3"] = {"bm25": hit_at_3(hybrid.bm25, questions), "dense": hit_at_3(hybrid.dense, questions),
+                           "hybrid": hit_at_3(hybrid, questions)}
+        targets["hybrid_above_bm25"] = report["hit@3"]["hybrid"]["macro"] > report["hit@3"]["bm25"]["macro"]
+    if "faiss" in sections:
+        configs = args.faiss_config or (["SQ4"] if args.quick else APPROX_CONFIGS)
+        report["faiss"] = faiss_compression(hybrid.dense, questions, configs)
+        targets.update(approx_targets(report["faiss"]))
+    report["targets_met"] = targets
     report["server"] = server_section() or "see bench/server.py"
     for key, value in report.items():
         print(f"{key}: {json.dumps(value)}")

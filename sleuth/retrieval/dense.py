@@ -4,8 +4,10 @@
   (v1.5) the query instruction ``Represent this sentence for searching relevant passages: ``;
   none for MiniLM and others. Embeddings are L2-normalised, so inner product = cosine.
 * The faiss index is chosen by a factory string (``Flat``, ``HNSW32``, ``IVF1024,PQ64``, ``SQ8``,
-  ``PQ96`` ...) with ``METRIC_INNER_PRODUCT``; search-time knobs (``nprobe``, ``efSearch``) go in
-  a ``ParameterSpace`` string (:func:`default_search_params` when not given).
+  ``PQ192``, ``OPQ96,PQ96``, ``PCA192,SQ8`` ...) with ``METRIC_INNER_PRODUCT``; polysemous
+  training of PQ codes is switched off (:func:`disable_polysemous_training`); search-time knobs
+  (``nprobe``, ``efSearch``) go in a ``ParameterSpace`` string (:func:`default_search_params`
+  when not given). The meta records ``code_bytes`` per vector (Flat: ``4 * dim``).
 * Corpus embeddings are computed in chunks cached as ``.npy`` files
   (:mod:`sleuth.retrieval.embcache`), so an interrupted build resumes where it stopped.
 * After an approximate index is built, its recall@k against exact search is measured on sampled
@@ -99,13 +101,56 @@ def make_faiss_index(dim: int, factory: str, sample_fn, n: int):
         index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
     except RuntimeError as e:
         raise ValueError(f"faiss factory string {factory!r} is not valid: {str(e).splitlines()[-1]}") from None
+    disable_polysemous_training(index)
     if not index.is_trained:
         try:
-            index.train(sample_fn(min(n, 256 * 1024)))
+            train_for_inner_product(index, sample_fn(min(n, 256 * 1024)))
         except RuntimeError as e:
             raise ValueError(f"faiss index {factory!r} cannot be trained on {n} passages "
                              f"({str(e).splitlines()[-1].strip()}); use a smaller IVF/PQ size or Flat") from None
     return index
+
+
+def train_for_inner_product(index, train_ND: np.ndarray) -> None:
+    """Train ``index`` on ``train_ND`` so that its scores stay inner products of the raw vectors.
+
+    faiss' ``PCA`` pre-transform subtracts the training mean from queries and passages alike:
+    harmless for L2, but ``(q - m)·(x - m)`` ranks passages differently from ``q·x`` (a lossless
+    ``PCA384,Flat`` on MiniLM vectors keeps only 0.90 of Flat's top-3). So the pre-transforms are
+    trained here one by one and the PCA bias is dropped (a projection ``P x``; for a full-rank PCA a
+    rotation, which keeps every inner product); rotations (``OPQ``, ``RR``) have no bias.
+    """
+    import faiss
+
+    index = faiss.downcast_index(index)
+    if isinstance(index, faiss.IndexPreTransform):
+        x_ND = train_ND
+        for i in range(index.chain.size()):
+            vt = faiss.downcast_VectorTransform(index.chain.at(i))
+            if not vt.is_trained:
+                vt.train(x_ND)
+            if isinstance(vt, faiss.PCAMatrix):
+                vt.have_bias = False
+            x_ND = vt.apply(x_ND)
+    index.train(train_ND)  # a pre-transform index skips its trained transforms and trains the rest
+
+
+def disable_polysemous_training(index) -> None:
+    """Switch off faiss' polysemous training for every PQ inside ``index`` (through pre-transforms
+    such as ``OPQ``/``PCA`` and IVF).
+
+    The factory turns it on for ``PQ{M}`` (not ``PQ{M}np``). It only reorders centroids so that
+    Hamming distances between codes mimic true distances, which matters for polysemous (Hamming
+    filtered) search; we search by asymmetric distance, whose results it does not change, and it
+    costs minutes for 8-bit codes (most of an ``IndexPQ`` build).
+    """
+    import faiss
+
+    index = faiss.downcast_index(index)
+    if isinstance(index, faiss.IndexPreTransform):
+        disable_polysemous_training(index.index)
+    elif isinstance(index, (faiss.IndexPQ, faiss.IndexIVFPQ)):
+        index.do_polysemous_training = False
 
 
 def build_dense(store: CorpusStore, out_dir: str | Path, *, encoder: str | None = None,
@@ -140,7 +185,16 @@ def build_dense(store: CorpusStore, out_dir: str | Path, *, encoder: str | None 
     recall = measure_recall(index, model, store, chunks, query_prefix, recall_queries,
                             k=recall_k, n=n_recall, rng=rng, exact=(factory.strip() == "Flat"))
     return {**params, "encode_seconds": round(encode_s, 2), "recall": recall,
-            "index_bytes": (out_dir / INDEX_FILE).stat().st_size, "flat_bytes": 4 * dim * len(store)}
+            "index_bytes": (out_dir / INDEX_FILE).stat().st_size, "flat_bytes": 4 * dim * len(store),
+            "code_bytes": code_size(index), "flat_code_bytes": 4 * dim}
+
+
+def code_size(index) -> int | None:
+    """Bytes of a vector's code (``sa_code_size``; IVF lists also keep an 8-byte id), None if unknown."""
+    try:
+        return int(index.sa_code_size())
+    except RuntimeError:
+        return None
 
 
 def measure_recall(index, model, store, chunks, query_prefix, queries, *, k, n, rng, exact) -> dict:
