@@ -5,10 +5,26 @@ with the token that completed the string), the logprob of every sampled token un
 distribution we sampled from, and one random generator per row so that a row's sample does not
 depend on which other rows share its batch. The loop is short:
 
-1. left-pad the prompts, positions = cumulative attention mask, prefill into a ``DynamicCache``;
+1. prefill: left-pad the new part of every prompt, positions = each row's own token count, one
+   forward into a cache that may already hold the row's earlier tokens (below);
 2. each step: sample one token per active row (``sample_next``), check eos / stop string / cap;
-3. drop finished rows from the batch and the cache (``batch_select_indices``), so they stop
-   consuming compute; feed the new tokens with their positions and the grown attention mask.
+3. feed the new tokens with their positions and the grown attention mask. Finished rows idle
+   until a quarter of the batch has finished (``COMPACT_AT``); then they leave the batch and the
+   cache (``batch_select_indices``, one copy of the cache rather than one per finished row).
+
+Prefix reuse (``reuse_prefix=True``; models with plain full-attention caches, see ``hf_cache``):
+
+* within one call, prompts that share a long common prefix (the instruction every question
+  starts with, the G copies of a prompt) prefill it once, batch size 1;
+* inside ``with backend.session():`` (the agent loop opens one per ``run_rollouts``) the
+  keys/values of every row that finished a call are kept, keyed by its exact token ids, and the
+  next call prefills only what follows (the last sampled token and the observation), not the
+  whole context again. The store empties when the session closes, so weights that change
+  between sessions (training) never meet stale keys/values.
+
+Decode steps write keys/values in place (``hf_cache``) and decode the tail for stop strings only
+after a token that can complete one. Greedy outputs equal the plain path's (``reuse_prefix=False``,
+tested); logprobs agree to float rounding.
 
 Works on CPU and CUDA (generators live on the model's device). See ``backends`` for the stop and
 logprob conventions.
@@ -16,7 +32,11 @@ logprob conventions.
 
 from __future__ import annotations
 
+import os
+from contextlib import contextmanager
+
 import torch
+from transformers import DynamicCache
 
 from sleuth.rollout.backends import (
     GenerationResult,
@@ -25,6 +45,7 @@ from sleuth.rollout.backends import (
     check_prompts,
     row_caps,
 )
+from sleuth.rollout.hf_cache import KV, PrefixStore, assemble, row_kv, slot_cache, supports_reuse
 
 
 def sample_next(
@@ -64,11 +85,16 @@ def sample_next(
     return tokens_B, logp_BV.gather(1, tokens_B[:, None]).squeeze(1)
 
 
+COMPACT_AT = 0.75  # drop finished rows from the batch once at most this share of it still generates
+MIN_SHARED_PREFIX = 16  # tokens: a shorter common prompt prefix is not worth its own forward call
+
+
 class HFBackend:
     """Batched sampling from a ``transformers`` causal LM (any model that takes position ids and a
-    ``DynamicCache``). ``tokenizer`` is used to decode tails for stop strings and for pad/eos ids."""
+    ``DynamicCache``). ``tokenizer`` is used to decode tails for stop strings and for pad/eos ids.
+    ``reuse_prefix=False`` turns prefix reuse off (it is off anyway for caches it cannot handle)."""
 
-    def __init__(self, model, tokenizer, eos_token_ids: list[int] | None = None):
+    def __init__(self, model, tokenizer, eos_token_ids: list[int] | None = None, reuse_prefix: bool = True):
         self.model = model
         self.tokenizer = tokenizer
         if eos_token_ids is None:
@@ -76,6 +102,11 @@ class HFBackend:
         self.eos_token_ids = list(eos_token_ids)
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else (self.eos_token_ids[0] if self.eos_token_ids else 0)
+        self.reuse_prefix = reuse_prefix and supports_reuse(model)
+        self._store: PrefixStore | None = None
+        # decode steps pass the (B, 1, 1, W) boolean mask SDPA takes instead of having it rebuilt
+        self._mask_4d = self.reuse_prefix and getattr(model.config, "_attn_implementation", None) == "sdpa"
+        self._could_stop: dict[tuple[str, ...], dict[int, bool]] = {}
 
     @classmethod
     def from_pretrained(cls, name_or_path: str, dtype: str = "float32", device: str = "auto", **kwargs):
@@ -92,6 +123,19 @@ class HFBackend:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    @contextmanager
+    def session(self):
+        """Within the block, the next ``generate`` call reuses the keys/values of the rows that
+        finished the previous one (the weights must not change inside the block)."""
+        if self._store is not None or not self.reuse_prefix:  # nested, or nothing to keep
+            yield self
+            return
+        self._store = PrefixStore()
+        try:
+            yield self
+        finally:
+            self._store = None
+
     @torch.no_grad()
     def generate(
         self,
@@ -107,63 +151,160 @@ class HFBackend:
         rows = [i for i, c in enumerate(caps) if c > 0]
         if rows:
             self._decode(prompts, params, seeds, caps, rows, results)
+        elif self._store is not None:
+            self._store.match([])  # forget the previous call's rows
         return results
 
     def _decode(self, prompts, params, seeds, caps, rows, results) -> None:
-        from transformers import DynamicCache
-
         dev = self.device
-        match = StopStringMatcher(self.tokenizer, params.stop)
-        eos = set(self.eos_token_ids)
-        width = max(len(prompts[i]) for i in rows)
-        ids_BL = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        mask_BL = torch.zeros((len(rows), width), dtype=torch.long)
-        for b, i in enumerate(rows):
-            ids_BL[b, width - len(prompts[i]) :] = torch.tensor(prompts[i], dtype=torch.long)
-            mask_BL[b, width - len(prompts[i]) :] = 1
-        ids_BL, mask_BL = ids_BL.to(dev), mask_BL.to(dev)
-        pos_BL = (mask_BL.cumsum(-1) - 1).clamp(min=0)
-        gens = None
-        if not params.is_greedy:
-            gens = []
-            for i in rows:
-                g = torch.Generator(device=dev)
-                g.manual_seed(seeds[i] if seeds is not None else int(torch.randint(2**62, ()).item()))
-                gens.append(g)
-        cache = DynamicCache(config=self.model.config)
-        out = self.model(
-            input_ids=ids_BL, attention_mask=mask_BL, position_ids=pos_BL,
-            past_key_values=cache, use_cache=True, logits_to_keep=1,
-        )  # fmt: skip
-        logits_BV, next_pos_B = out.logits[:, -1], pos_BL[:, -1] + 1
+        finished = self._finisher(params, caps, results)
+        gens = self._generators(params, seeds, rows)
+        max_cap = max(caps[i] for i in rows)
+        cache, mask_BW, width, next_pos_B, logits_BV = self._prefill([prompts[i] for i in rows], max_cap)
         active = list(rows)  # original row index of each batch position
-        for _ in range(max(caps[i] for i in rows)):
+        live = list(range(len(rows)))  # batch positions still generating; finished ones idle until compacted
+        for _ in range(max_cap):
             tokens_B, logp_B = sample_next(logits_BV, params, gens)
-            keep = []
-            for b, (i, t, lp) in enumerate(zip(active, tokens_B.tolist(), logp_B.tolist())):
-                res = results[i]
-                res.token_ids.append(t)
-                res.logprobs.append(lp)
-                if t in eos:
-                    res.finish_reason = "eos"
-                elif (hit := match(res.token_ids)) is not None:
-                    res.finish_reason, res.stop_string = "stop", hit
-                elif len(res.token_ids) < caps[i]:
-                    keep.append(b)
+            toks, lps = tokens_B.tolist(), logp_B.tolist()
+            keep = [b for b in live if not finished(active[b], toks[b], lps[b])]
+            if self._store is not None and len(keep) < len(live):
+                done = sorted(set(live) - set(keep))
+                self._stash(cache, mask_BW[:, :width], [(b, active[b]) for b in done], prompts, results)
             if not keep:
                 break
-            if len(keep) < len(active):
+            live = keep
+            if len(keep) <= COMPACT_AT * len(active):  # a copy of the cache: not for every finished row
                 sel_B = torch.tensor(keep, device=dev)
                 cache.batch_select_indices(sel_B)
-                tokens_B, mask_BL, next_pos_B = tokens_B[sel_B], mask_BL[sel_B], next_pos_B[sel_B]
+                tokens_B, mask_BW, next_pos_B = tokens_B[sel_B], mask_BW[sel_B], next_pos_B[sel_B]
                 active = [active[b] for b in keep]
                 gens = [gens[b] for b in keep] if gens is not None else None
-            mask_BL = torch.cat([mask_BL, mask_BL.new_ones((len(active), 1))], dim=1)
+                live = list(range(len(keep)))
+            mask_BW[:, width] = 1  # the slot the new tokens go to
+            width += 1
+            mask = mask_BW[:, None, None, :width] if self._mask_4d else mask_BW[:, :width]
             out = self.model(
-                input_ids=tokens_B[:, None], attention_mask=mask_BL, position_ids=next_pos_B[:, None],
+                input_ids=tokens_B[:, None], attention_mask=mask, position_ids=next_pos_B[:, None],
                 past_key_values=cache, use_cache=True,
             )  # fmt: skip
             logits_BV, next_pos_B = out.logits[:, -1], next_pos_B + 1
+
+    def _finisher(self, params: SamplingParams, caps: list[int], results: list[GenerationResult]):
+        """``finished(i, token, logprob)``: appends the token to row i's result and says whether the
+        row is done (eos, a stop string, or its cap), setting its finish reason."""
+        match, could_stop = StopStringMatcher(self.tokenizer, params.stop), self._stop_filter(params.stop)
+        eos = set(self.eos_token_ids)
+
+        def finished(i: int, t: int, lp: float) -> bool:
+            res = results[i]
+            res.token_ids.append(t)
+            res.logprobs.append(lp)
+            if t in eos:
+                res.finish_reason = "eos"
+            elif could_stop(t) and (hit := match(res.token_ids)) is not None:
+                res.finish_reason, res.stop_string = "stop", hit
+            else:
+                return len(res.token_ids) >= caps[i]
+            return True
+
+        return finished
+
+    def _generators(self, params: SamplingParams, seeds, rows) -> list[torch.Generator] | None:
+        """One generator per sampled row (None for greedy), seeded from ``seeds`` or at random."""
+        if params.is_greedy:
+            return None
+        gens = []
+        for i in rows:
+            g = torch.Generator(device=self.device)
+            g.manual_seed(seeds[i] if seeds is not None else int(torch.randint(2**62, ()).item()))
+            gens.append(g)
+        return gens
+
+    def _prefill(self, prompts: list[list[int]], max_cap: int):
+        """One forward over the part of every prompt that is not cached yet (left-padded to N).
+
+        Layout of row b (``P`` = longest cached prefix, ``W = P + N + max_cap`` slots): its cached
+        prefix ends at slot P, its new tokens end at slot P + N, generated tokens follow. Returns
+        the cache, the boolean mask of valid slots ``mask_BW``, the used width ``P + N``, each row's
+        next position and the logits after its last prompt token.
+        """
+        dev = self.device
+        hits = self._cached_prefixes(prompts)
+        lens = [n for n, _ in hits]
+        news = [p[n:] for p, n in zip(prompts, lens)]
+        P, N = max(lens), max(len(x) for x in news)
+        W = P + N + max_cap
+        ids_BN = torch.tensor([[self.pad_id] * (N - len(x)) + x for x in news], dtype=torch.long, device=dev)
+        len_B1 = torch.tensor(lens, dtype=torch.long, device=dev)[:, None]
+        new_B1 = torch.tensor([len(x) for x in news], dtype=torch.long, device=dev)[:, None]
+        slot_W = torch.arange(W, device=dev)
+        in_prefix_BW = (slot_W >= P - len_B1) & (slot_W < P)
+        in_new_BW = (slot_W >= P + N - new_B1) & (slot_W < P + N)
+        mask_BW = in_prefix_BW | in_new_BW
+        pos_BN = (len_B1 + torch.arange(N, device=dev) - (N - new_B1)).clamp(min=0)
+        if self.reuse_prefix:
+            cache = slot_cache(self.model, W, assemble([kv for _, kv in hits], lens, W), P)
+        else:
+            cache = DynamicCache(config=self.model.config)
+        out = self.model(
+            input_ids=ids_BN, attention_mask=mask_BW[:, : P + N], position_ids=pos_BN,
+            past_key_values=cache, use_cache=True, logits_to_keep=1,
+        )  # fmt: skip
+        return cache, mask_BW, P + N, (len_B1 + new_B1).squeeze(1), out.logits[:, -1]
+
+    def _cached_prefixes(self, prompts: list[list[int]]) -> list[tuple[int, KV | None]]:
+        """Per prompt ``(cached length, keys/values)``: the session's store first; rows it has
+        nothing for share their common prefix when it is long enough."""
+        if not self.reuse_prefix:
+            return [(0, None)] * len(prompts)
+        hits = self._store.match(prompts) if self._store is not None else [(0, None)] * len(prompts)
+        fresh = [b for b, (n, _) in enumerate(hits) if n == 0]
+        if len(fresh) >= 2:
+            common = os.path.commonprefix([prompts[b] for b in fresh])
+            n = min(len(common), min(len(prompts[b]) for b in fresh) - 1)  # >= 1 new token per row
+            if n >= MIN_SHARED_PREFIX:
+                kv = self._prefix_kv(common[:n])
+                for b in fresh:
+                    hits[b] = (n, kv)
+        return hits
+
+    def _prefix_kv(self, ids: list[int]) -> KV:
+        """Keys/values of one token sequence (batch of one, no padding)."""
+        cache = DynamicCache(config=self.model.config)
+        ids_1L = torch.tensor([ids], dtype=torch.long, device=self.device)
+        pos_1L = torch.arange(len(ids), device=self.device)[None]
+        self.model(input_ids=ids_1L, position_ids=pos_1L, past_key_values=cache, use_cache=True,
+                   logits_to_keep=1)  # fmt: skip
+        return [(layer.keys[0], layer.values[0]) for layer in cache.layers]
+
+    def _stash(self, cache, mask_BL, done: list[tuple[int, int]], prompts, results) -> None:
+        """Keep the keys/values of the rows that just finished (``(batch position, row)`` pairs),
+        keyed by the tokens they cover: prompt + generated tokens but the last (never fed)."""
+        for b, i in done:
+            tokens = prompts[i] + results[i].token_ids[:-1]
+            slots = mask_BL[b].nonzero().squeeze(1)
+            if slots.numel() == len(tokens):  # always, unless a model changed the cache layout
+                self._store.put(tokens, row_kv(cache, b, slots))
+
+    def _stop_filter(self, stop: tuple[str, ...]):
+        """``could_stop(token_id)``: whether a token can complete a stop string, i.e. its own text
+        holds a stop string's last character, is empty, or has a partial character (then the
+        tail must be decoded). Without such a token no stop string can newly appear, so skipping
+        the tail decode changes nothing. Memoised per token; always True when a stop string ends
+        in whitespace (tokenizers may move spaces between neighbouring tokens)."""
+        if not stop or any(s[-1].isspace() for s in stop):
+            return lambda t: bool(stop)
+        memo = self._could_stop.setdefault(stop, {})
+        lasts = {s[-1] for s in stop}
+
+        def could_stop(t: int) -> bool:
+            v = memo.get(t)
+            if v is None:
+                text = self.tokenizer.decode([t], skip_special_tokens=False)
+                v = memo[t] = not text or "\ufffd" in text or any(c in text for c in lasts)
+            return v
+
+        return could_stop
 
 
 def _eos_ids(model, tokenizer) -> list[int]:

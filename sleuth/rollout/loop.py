@@ -14,10 +14,13 @@ Read top to bottom, ``run_rollouts`` is the algorithm:
    ``retriever.search(unique_queries, k)`` call. Any exception (``RetrievalError`` or other)
    becomes ``fmt.render_error(...)`` for the rows that searched; the batch goes on.
 5. Observations are truncated to ``max_obs_tokens`` (passage texts shortened, the format's closing
-   tag kept) and appended as injected segments. An injection that would leave no room to generate
-   stops the row with ``context_full`` instead.
+   tag kept; rendered once per distinct query list) and appended as injected segments. An
+   injection that would leave no room to generate stops the row with ``context_full`` instead.
 6. A row that has used ``max_turns`` searches (failed ones count) gets ``final_nudge`` (when set)
    and one final round in which a search is not executed: search or invalid there -> ``max_turns``.
+
+The whole loop runs inside ``backend.session()`` when the backend has one: the HF backend then
+keeps each row's keys/values from one round to the next and prefills only the new tokens.
 
 Seeds: a row's seed is ``derive_seed(seed, step, question.id, sample_index)`` and each turn draws
 with ``derive_seed(row_seed, turn)``, so the same (seed, step) replays the same trajectories.
@@ -34,6 +37,7 @@ policy itself samples eos inside a turn, that eos is kept as a sampled (trained)
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -108,13 +112,21 @@ def run_rollouts(
     for row in rows:
         if cfg.max_turns <= 0:
             _enter_final_round(row, render, cfg)
-    while active := [r for r in rows if not r.done]:
-        stats.rounds += 1
-        _generate_round(active, backend, params, render, tokenizer, fmt, cfg, stats)
-        searching = [r for r in active if r.pending and not r.done]
-        if searching:
-            _retrieve_round(searching, retriever, k, render, fmt, cfg, stats)
+    with _session(backend):
+        while active := [r for r in rows if not r.done]:
+            stats.rounds += 1
+            _generate_round(active, backend, params, render, tokenizer, fmt, cfg, stats)
+            searching = [r for r in active if r.pending and not r.done]
+            if searching:
+                _retrieve_round(searching, retriever, k, render, fmt, cfg, stats)
     return [r.traj for r in rows], rollout_metrics([r.traj for r in rows], stats, time.perf_counter() - t_start)
+
+
+def _session(backend):
+    """The backend's ``session()`` when it has one (the HF backend then reuses each row's KV
+    cache from one round to the next), else a no-op context."""
+    open_session = getattr(backend, "session", None)
+    return open_session() if callable(open_session) else contextlib.nullcontext()
 
 
 def _check_inputs(questions: list[Question], G: int, k: int, cfg: RolloutConfig) -> None:
@@ -200,6 +212,7 @@ def _retrieve_round(searching, retriever, k, render, fmt, cfg, stats) -> None:
     except Exception as e:  # RetrievalError or anything else: an observation, not a crash
         error = f"{type(e).__name__}: {e}"
     stats.retrieve_s += time.perf_counter() - t0
+    observations: dict[tuple, tuple[list[int], str]] = {}  # rows that searched alike read alike
     for row in searching:
         traj, queries = row.traj, row.pending
         row.pending = []
@@ -209,7 +222,10 @@ def _retrieve_round(searching, retriever, k, render, fmt, cfg, stats) -> None:
             results = [(q, list(by_query[q])) for q in queries]
             traj.passage_ids += [[p.id for p in ps] for _, ps in results]
             traj.num_searches += 1
-            ids, text = fit_observation(results, render, cfg.max_obs_tokens, row.last_eos)
+            key = (tuple(queries), row.last_eos)
+            if key not in observations:
+                observations[key] = fit_observation(results, render, cfg.max_obs_tokens, row.last_eos)
+            ids, text = observations[key]
         else:
             traj.passage_ids += [[] for _ in queries]
             traj.num_retrieval_errors += 1

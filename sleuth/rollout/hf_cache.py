@@ -1,0 +1,173 @@
+"""KV-cache pieces of the Hugging Face backend: an in-place cache layer and prefix reuse.
+
+Three things make the batched decode loop of :mod:`sleuth.rollout.hf_backend` cheap on repeated,
+multi-round generation (the agent loop: prompt, turn, observation, turn, ...):
+
+* :class:`SlotLayer` -- a full-attention cache layer over a preallocated ``(B, H, W, D)`` buffer.
+  A decode step writes its key/value in place instead of ``torch.cat``-ing the whole cache (the
+  cost of ``DynamicLayer`` grows with the context at every token).
+* :class:`PrefixStore` -- the keys/values of rows that finished a call, keyed by the exact token
+  ids they cover (prompt + generated tokens but the last, which was sampled and never fed). The
+  next call finds, for each prompt, the longest stored key that is a prefix of it and only
+  prefills the rest (the last sampled token and the injected observation). Exact reuse: the
+  cached keys/values of a prefix depend on the prefix tokens only (causal attention; positions
+  are passed explicitly, keys are stored after RoPE).
+* :func:`assemble` -- a batch cache from per-row prefixes of different lengths, right-aligned in
+  ``[0, P)``: the new tokens follow in ``[P, P + N)``, so a row may hold padding *between* its
+  prefix and its new tokens. The 2D attention mask marks every valid slot; masks are causal by
+  slot, and every valid prefix slot precedes every new slot, so attention is exactly that of the
+  unpadded row.
+
+Only models whose cache is all plain full-attention layers are eligible (:func:`supports_reuse`);
+others (sliding windows, linear attention, hybrids) run the plain ``DynamicCache`` path.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (keys, values): one row's _HLD, or a batch's _BHWD
+
+
+def supports_reuse(model) -> bool:
+    """True when ``DynamicCache(config=model.config)`` is made of plain full-attention layers."""
+    try:
+        cache = DynamicCache(config=model.config)
+    except Exception:  # a config the cache cannot read: stay on the generic path
+        return False
+    return bool(cache.layers) and all(type(layer) is DynamicLayer for layer in cache.layers)
+
+
+class SlotLayer(DynamicLayer):
+    """A full-attention layer over a preallocated ``(B, H, capacity, D)`` buffer: ``update`` writes
+    in place and returns views ``buf[:, :, :length]`` (no copy of the past per token). Grows by
+    reallocation only if a caller writes past the capacity it asked for."""
+
+    def __init__(self, capacity: int, buffers: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 length: int = 0):  # fmt: skip
+        super().__init__()
+        self.capacity, self.length = capacity, length
+        self.k_buf = self.v_buf = None
+        if buffers is not None:
+            self.k_buf, self.v_buf = buffers
+            self.capacity = self.k_buf.shape[2]
+            self.dtype, self.device, self.is_initialized = self.k_buf.dtype, self.k_buf.device, True
+            self._views()
+
+    def _allocate(self, like_BHLD: torch.Tensor) -> None:
+        B, H, L, D = like_BHLD.shape
+        self.capacity = max(self.capacity, L)
+        self.k_buf = like_BHLD.new_zeros((B, H, self.capacity, D))  # zeros: masked slots stay finite
+        self.v_buf = like_BHLD.new_zeros((B, H, self.capacity, D))
+        self.dtype, self.device, self.is_initialized = like_BHLD.dtype, like_BHLD.device, True
+
+    def _views(self) -> None:
+        self.keys, self.values = self.k_buf[:, :, : self.length], self.v_buf[:, :, : self.length]
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self._allocate(key_states)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if self.k_buf is None:
+            self.lazy_initialization(key_states, value_states)
+        end = self.length + key_states.shape[-2]
+        if end > self.capacity:  # not expected: the backend sizes the buffer for the whole call
+            old_k, old_v = self.keys, self.values
+            self.capacity = max(end, 2 * self.capacity)
+            self._allocate(old_k)
+            self.k_buf[:, :, : self.length], self.v_buf[:, :, : self.length] = old_k, old_v
+        self.k_buf[:, :, self.length : end] = key_states
+        self.v_buf[:, :, self.length : end] = value_states
+        self.length = end
+        self._views()
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if self.k_buf is not None:
+            self.k_buf, self.v_buf = self.k_buf[indices], self.v_buf[indices]
+            self._views()
+
+
+def slot_cache(model, capacity: int, buffers: list[tuple[torch.Tensor, torch.Tensor]] | None, length: int):
+    """A ``DynamicCache`` of :class:`SlotLayer` s with ``capacity`` slots; ``buffers`` (per layer,
+    from :func:`assemble`) already hold ``length`` slots of prefixes."""
+    cache = DynamicCache(config=model.config)
+    if buffers is None:
+        cache.layers = [SlotLayer(capacity) for _ in cache.layers]
+    else:
+        cache.layers = [SlotLayer(capacity, kv, length) for kv in buffers]
+    return cache
+
+
+def assemble(prefixes: list[KV | None], lengths: list[int], capacity: int) -> KV | None:
+    """Per layer, ``(keys_BHWD, values_BHWD)`` buffers of ``capacity`` slots with row ``b``'s prefix
+    in slots ``[P - len_b, P)``, ``P = max(lengths)``, zeros elsewhere (None when no row has one).
+    Rows sharing one prefix object (a common prompt prefix) are written at once."""
+    P = max(lengths, default=0)
+    if P == 0:
+        return None
+    groups: dict[int, list[int]] = {}
+    for b, kv in enumerate(prefixes):
+        if kv is not None:
+            groups.setdefault(id(kv), []).append(b)
+    first = next(kv for kv in prefixes if kv is not None)
+    out = []
+    for layer, (ref_HLD, _) in enumerate(first):
+        H, _, D = ref_HLD.shape
+        k_BHWD = ref_HLD.new_zeros((len(prefixes), H, capacity, D))
+        v_BHWD = ref_HLD.new_zeros((len(prefixes), H, capacity, D))
+        for rows in groups.values():
+            k_HLD, v_HLD = prefixes[rows[0]][layer]
+            L = k_HLD.shape[1]
+            if len(rows) == 1:
+                k_BHWD[rows[0], :, P - L : P], v_BHWD[rows[0], :, P - L : P] = k_HLD, v_HLD
+            else:
+                idx = torch.tensor(rows, device=k_HLD.device)
+                k_BHWD[idx, :, P - L : P], v_BHWD[idx, :, P - L : P] = k_HLD, v_HLD
+        out.append((k_BHWD, v_BHWD))
+    return out
+
+
+def row_kv(cache, b: int, slots: torch.Tensor) -> KV:
+    """Copy row ``b``'s keys/values at ``slots`` (its valid cache slots, in order) out of ``cache``."""
+    return [(layer.keys[b].index_select(1, slots), layer.values[b].index_select(1, slots))
+            for layer in cache.layers]  # fmt: skip
+
+
+class PrefixStore:
+    """Keys/values of finished rows, by the exact token ids they cover; see the module docstring.
+
+    ``match`` returns, per prompt, the longest stored key that is a *strict* prefix of it (at least
+    one new token is left to feed, for the next logits); then forgets everything (entries live from
+    one call to the next, so memory stays bounded by one batch)."""
+
+    def __init__(self) -> None:
+        self._by_len: dict[int, dict[tuple[int, ...], KV]] = {}
+
+    def __len__(self) -> int:
+        return sum(len(d) for d in self._by_len.values())
+
+    def put(self, tokens: list[int], kv: KV) -> None:
+        if tokens:
+            self._by_len.setdefault(len(tokens), {})[tuple(tokens)] = kv
+
+    def match(self, prompts: list[list[int]]) -> list[tuple[int, KV | None]]:
+        lengths = sorted(self._by_len, reverse=True)
+        lasts = {n: {key[-1] for key in self._by_len[n]} for n in lengths}
+        found: list[tuple[int, KV | None]] = []
+        for p in prompts:
+            hit: tuple[int, KV | None] = (0, None)
+            for n in lengths:
+                if n >= len(p) or p[n - 1] not in lasts[n]:  # cheap test first
+                    continue
+                if (kv := self._by_len[n].get(tuple(p[:n]))) is not None:
+                    hit = (n, kv)
+                    break
+            found.append(hit)
+        self._by_len = {}
+        return found
