@@ -6,6 +6,7 @@ Layout of a run directory ``OUT``::
     OUT/checkpoints/step_000010/adapter/       (LoRA only) the peft adapters; policy/ holds merged weights
     OUT/checkpoints/step_000010/critic.pt      (PPO only) critic state dict
     OUT/checkpoints/step_000010/trainer_state.pt  optimizer, scheduler, step, RNG states, data cursor
+                                               (FSDP runs: the optimizer state keyed by parameter name)
     OUT/checkpoints/latest                     one line: the name of the newest complete checkpoint
 
 A checkpoint is written into ``step_XXXXXX.tmp-<pid>`` and renamed into place only when complete;
@@ -55,9 +56,13 @@ def save_checkpoint(
     tokenizer,
     trainer_state: dict[str, Any],
     critic: torch.nn.Module | None = None,
+    critic_state: dict[str, torch.Tensor] | None = None,
     keep: int = 2,
 ) -> Path:
-    """Write checkpoint ``step`` atomically; keep the newest ``keep`` complete ones."""
+    """Write checkpoint ``step`` atomically; keep the newest ``keep`` complete ones.
+
+    ``policy`` is a plain Hugging Face model (FSDP runs pass one rebuilt from the gathered state);
+    ``critic_state`` (a full state dict) replaces ``critic.state_dict()`` when given."""
     ckpt_root = Path(run_dir) / "checkpoints"
     ckpt_root.mkdir(parents=True, exist_ok=True)
     for stale in ckpt_root.glob("*.tmp-*"):
@@ -72,8 +77,10 @@ def save_checkpoint(
     else:
         policy.save_pretrained(tmp / "policy")
     tokenizer.save_pretrained(tmp / "policy")
-    if critic is not None:
-        torch.save(critic.state_dict(), tmp / "critic.pt")
+    if critic_state is None and critic is not None:
+        critic_state = critic.state_dict()
+    if critic_state is not None:
+        torch.save(critic_state, tmp / "critic.pt")
     torch.save({**trainer_state, "step": step, "rng": rng_state()}, tmp / "trainer_state.pt")
     if final.exists():
         shutil.rmtree(final)
@@ -99,3 +106,52 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
 def load_trainer_state(ckpt: Path) -> dict[str, Any]:
     # weights_only=False: the state holds numpy RNG state and plain Python objects we wrote ourselves.
     return torch.load(ckpt / "trainer_state.pt", map_location="cpu", weights_only=False)
+
+
+def load_policy_weights(policy, ckpt: Path) -> None:
+    """Load a checkpoint's trained weights into ``policy`` (plain or FSDP-sharded): the LoRA
+    adapters when the checkpoint has them, else the full ``policy/`` safetensors."""
+    from safetensors.torch import load_file
+
+    from sleuth.train import distributed as par
+
+    if (ckpt / "adapter").exists():  # LoRA: the adapters are the trained state
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(policy, load_file(str(ckpt / "adapter" / "adapter_model.safetensors")))
+        return
+    state: dict[str, torch.Tensor] = {}
+    for w in sorted((ckpt / "policy").glob("*.safetensors")):
+        state.update(load_file(str(w)))
+    missing, unexpected = par.load_model_state(policy, state)
+    if unexpected or [m for m in missing if "lm_head" not in m]:
+        raise RuntimeError(f"checkpoint {ckpt} does not match the model: missing {missing}, unexpected {unexpected}")
+    if policy.config.tie_word_embeddings and not par.is_sharded(policy):  # FSDP keeps the tie itself
+        policy.tie_weights()
+
+
+def optimizer_state(model, optimizer: torch.optim.Optimizer, *, sharded: bool) -> dict[str, Any]:
+    """What a checkpoint stores for ``optimizer``: ``state_dict()`` (keyed by position), or for an
+    FSDP model the gathered full state keyed by parameter name (a collective; full on rank 0)."""
+    if not sharded:
+        return optimizer.state_dict()
+    from sleuth.train import distributed as par
+
+    return par.full_optimizer_state(model, optimizer)
+
+
+def load_optimizer_state(model, optimizer: torch.optim.Optimizer, state: dict[str, Any], *, where: Path) -> None:
+    """Restore ``optimizer`` from :func:`optimizer_state`'s output. A name-keyed state (from an
+    FSDP run) loads into plain and sharded models alike; a position-keyed one only into plain ones."""
+    from sleuth.train import distributed as par
+
+    by_name = any(isinstance(p, str) for g in state.get("param_groups", []) for p in g["params"])
+    if by_name:
+        par.load_optimizer_state(model, optimizer, state)
+    elif par.is_sharded(model):
+        raise ValueError(
+            f"checkpoint {where}: its optimizer state was written by a run without train.parallel=fsdp; "
+            "resume it with the same train.parallel (or in one process)"
+        )
+    else:
+        optimizer.load_state_dict(state)

@@ -4,8 +4,9 @@
 
 Data-parallel runs (``torchrun --nproc_per_node N -m sleuth train …``): every rank draws the same
 questions, keeps its own contiguous share (whole GRPO groups stay on one rank), rolls out and
-scores them, and joins the DDP update; metrics are averaged over ranks; rank 0 logs, evaluates
-and writes checkpoints.
+scores them, and joins the update (DDP, or FSDP with ``train.parallel: fsdp``; see
+``sleuth.train.distributed``); metrics are combined over ranks (counts summed, rates averaged);
+rank 0 logs, evaluates and writes checkpoints.
 """
 
 from __future__ import annotations
@@ -18,14 +19,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from sleuth.config import Config, save_config, to_dict
-from sleuth.train.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint, set_rng_state
+from sleuth.train import distributed as par
+from sleuth.train.checkpoint import (latest_checkpoint, load_optimizer_state, load_policy_weights, load_trainer_state,
+                                     optimizer_state, save_checkpoint, set_rng_state)
 from sleuth.train.forward import batched_logprobs, length_buckets, padding_share
 from sleuth.train.logging import MetricsLogger
 from sleuth.train.sampler import CollapseWatch, QuestionSampler
-from sleuth.train.setup import DistContext, build_format, build_run_retriever, init_distributed, load_questions_for
+from sleuth.train.setup import build_format, build_run_retriever, init_distributed, load_questions_for
 from sleuth.train.update import UpdateBatch, compute_advantages, policy_update
 
 
@@ -50,16 +52,6 @@ def make_scheduler(optimizer, cfg: Config):
         return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-
-def _reduce_metrics(metrics: dict, ctx: DistContext) -> dict:
-    """Average numeric metrics over ranks (a key missing on a rank counts as 0 there)."""
-    if not ctx.enabled:
-        return metrics
-    gathered = [None] * ctx.world_size
-    dist.all_gather_object(gathered, metrics)
-    keys = sorted({k for m in gathered for k in m})
-    return {k: sum(float(m.get(k, 0.0)) for m in gathered) / ctx.world_size for k in keys}
 
 
 def _score(trajs, reward_fn) -> dict:
@@ -110,11 +102,19 @@ class Trainer:
                 f"train.questions_per_step={tc.questions_per_step} must be divisible by the "
                 f"{self.ctx.world_size} ranks"
             )
+        par.check_parallel(tc.parallel)
+        self.sharded = self.ctx.enabled and tc.parallel == "fsdp"
+        if self.sharded and cfg.model.lora_rank > 0:
+            raise ValueError("train.parallel=fsdp does not support LoRA (model.lora_rank > 0); "
+                             "use train.parallel=ddp, which LoRA's small trainable state suits")
         seed_everything(tc.seed)
         torch.use_deterministic_algorithms(True, warn_only=True)
         mc = cfg.model
-        self.policy, self.tokenizer = load_policy(mc.name_or_path, dtype=mc.dtype, device=mc.device,
+        device = "cpu" if self.sharded else mc.device  # FSDP moves each rank's shards to its GPU
+        self.policy, self.tokenizer = load_policy(mc.name_or_path, dtype=mc.dtype, device=device,
                                                   gguf_file=mc.gguf_file)
+        if tc.cpu_threads and next(self.policy.parameters()).device.type == "cpu":
+            torch.set_num_threads(tc.cpu_threads)  # after loading: building the tiny model sets its own
         if tc.grad_checkpointing:
             self.policy.gradient_checkpointing_enable()
         self.ref = None
@@ -125,20 +125,21 @@ class Trainer:
         elif cfg.algo.kl_coef > 0 and cfg.algo.kl_mode != "none":
             self.ref = copy.deepcopy(self.policy).eval().requires_grad_(False)
         self.use_ref = cfg.algo.kl_coef > 0 and cfg.algo.kl_mode != "none"
-        self.critic = self.critic_opt = None
+        self.critic = self.critic_model = self.critic_opt = None
         if cfg.algo.advantage == "gae":
-            self.critic = make_critic(mc.name_or_path, dtype=mc.dtype, device=mc.device, gguf_file=mc.gguf_file)
+            self.critic = make_critic(mc.name_or_path, dtype=mc.dtype, device=device, gguf_file=mc.gguf_file)
+        # the modules the update calls: DDP wrappers, or (FSDP) the same modules sharded in place
+        wrap = dict(parallel=tc.parallel, world_size=self.ctx.world_size, local_rank=self.ctx.local_rank)
+        self.model = par.wrap_for_update(self.policy, **wrap)
+        if self.critic is not None:
+            self.critic_model = par.wrap_for_update(self.critic, **wrap)
             self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=tc.critic_lr,
                                                 weight_decay=tc.weight_decay)
+        if self.sharded and self.ref is not None:
+            par.shard(self.ref)  # forward-only; gathered around its logprob pass
         trainable = [p for p in self.policy.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(trainable, lr=tc.lr, weight_decay=tc.weight_decay)
         self.scheduler = make_scheduler(self.optimizer, cfg)
-        self.model = self.policy
-        if self.ctx.enabled:
-            from torch.nn.parallel import DistributedDataParallel as DDP
-
-            ids = [self.ctx.local_rank] if torch.cuda.is_available() else None
-            self.model = DDP(self.policy, device_ids=ids)
         self.fmt = build_format(cfg.rollout.format)
         self.retriever = build_run_retriever(cfg)
         self.reward_fn = build_reward(cfg.reward)
@@ -162,46 +163,38 @@ class Trainer:
 
     # -- checkpoints -------------------------------------------------------------------------
     def _state(self) -> dict:
+        """Optimizer (FSDP: gathered, keyed by parameter name; a collective), scheduler, cursor."""
         return {
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": optimizer_state(self.policy, self.optimizer, sharded=self.sharded),
             "scheduler": self.scheduler.state_dict(),
-            "critic_optimizer": self.critic_opt.state_dict() if self.critic_opt else None,
+            "critic_optimizer": optimizer_state(self.critic, self.critic_opt, sharded=self.sharded)
+            if self.critic_opt else None,
             "cursor": self.sampler.state(),
         }
 
     def save(self) -> Path | None:
+        """Every rank calls this (FSDP gathers the full state); rank 0 writes the checkpoint."""
+        state, policy, critic_state = self._state(), self.policy, None
+        if self.sharded:
+            full = par.full_model_state(self.policy)
+            critic_state = par.full_model_state(self.critic) if self.critic is not None else None
+            policy = par.plain_model(self.policy, full) if self.ctx.is_main else None
         if not self.ctx.is_main:
             return None
-        return save_checkpoint(self.out, self.step, policy=self.policy, tokenizer=self.tokenizer,
-                               trainer_state=self._state(), critic=self.critic,
-                               keep=self.cfg.train.keep_checkpoints)
+        return save_checkpoint(self.out, self.step, policy=policy, tokenizer=self.tokenizer, trainer_state=state,
+                               critic=self.critic, critic_state=critic_state, keep=self.cfg.train.keep_checkpoints)
 
     def _resume(self, ckpt: Path | None = None) -> None:
         ckpt = ckpt or latest_checkpoint(self.out)
         if ckpt is None:
             return  # nothing to resume: start fresh
-        from safetensors.torch import load_file
-
-        if (ckpt / "adapter").exists():  # LoRA: the adapters are the trained state
-            from peft import set_peft_model_state_dict
-
-            set_peft_model_state_dict(self.policy, load_file(str(ckpt / "adapter" / "adapter_model.safetensors")))
-        else:
-            state = {}
-            for w in sorted((ckpt / "policy").glob("*.safetensors")):
-                state.update(load_file(str(w)))
-            missing, unexpected = self.policy.load_state_dict(state, strict=False)
-            if unexpected or [m for m in missing if "lm_head" not in m]:
-                raise RuntimeError(f"checkpoint {ckpt} does not match the model: missing {missing}, "
-                                   f"unexpected {unexpected}")
-            if self.policy.config.tie_word_embeddings:
-                self.policy.tie_weights()
+        load_policy_weights(self.policy, ckpt)
         ts = load_trainer_state(ckpt)
-        self.optimizer.load_state_dict(ts["optimizer"])
+        load_optimizer_state(self.policy, self.optimizer, ts["optimizer"], where=ckpt)
         self.scheduler.load_state_dict(ts["scheduler"])
         if self.critic is not None:
-            self.critic.load_state_dict(torch.load(ckpt / "critic.pt", map_location="cpu"))
-            self.critic_opt.load_state_dict(ts["critic_optimizer"])
+            par.load_model_state(self.critic, torch.load(ckpt / "critic.pt", map_location="cpu"))
+            load_optimizer_state(self.critic, self.critic_opt, ts["critic_optimizer"], where=ckpt)
         self.sampler.load_state(ts["cursor"])
         set_rng_state(ts["rng"])
         self.step = ts["step"]
@@ -225,20 +218,22 @@ class Trainer:
         questions = self.sampler.next(tc.questions_per_step)
         share = tc.questions_per_step // self.ctx.world_size
         mine = questions[self.ctx.rank * share : (self.ctx.rank + 1) * share]
-        trajs, metrics = self.rollout(mine, step=self.step)
-        t_rollout = time.perf_counter() - t0
+        mbs, temp = tc.micro_batch_size, max(cfg.rollout.temperature, 1e-6)
+        with par.gathered(self.policy):  # FSDP: full weights for generation and the no-grad forward
+            trajs, metrics = self.rollout(mine, step=self.step)
+            t_rollout = time.perf_counter() - t0
+            rb = trajectories_to_batch(trajs, self.tokenizer.pad_token_id)
+            device = next(self.policy.parameters()).device
+            ids, att, mask = (rb.input_ids_BT.to(device), rb.attention_mask_BT.to(device),
+                              rb.loss_mask_BT.to(device))
+            old = batched_logprobs(self.policy, ids, att, micro_batch_size=mbs, temperature=temp)
         metrics.update(_score(trajs, self.reward_fn))
         turns = sum(t.num_turns for t in trajs)
         metrics["rollout/invalid_rate"] = sum(t.num_invalid for t in trajs) / max(turns, 1)
-        rb = trajectories_to_batch(trajs, self.tokenizer.pad_token_id)
-        device = next(self.policy.parameters()).device
-        ids, att, mask = rb.input_ids_BT.to(device), rb.attention_mask_BT.to(device), rb.loss_mask_BT.to(device)
-        mbs, temp = tc.micro_batch_size, max(cfg.rollout.temperature, 1e-6)
-        old = batched_logprobs(self.policy, ids, att, micro_batch_size=mbs, temperature=temp)
         ref = self._ref_logprobs(ids, att, mbs, temp) if self.use_ref else None
         values = returns = None
         if self.critic is not None:
-            with torch.no_grad():
+            with par.gathered(self.critic), torch.no_grad():
                 values = self.critic(ids, att).float()
         scores = torch.tensor([t.reward for t in trajs], dtype=torch.float32, device=device)
         adv, returns = compute_advantages(cfg.algo, scores, rb.group_ids, mask, old_logprobs_BT=old,
@@ -249,7 +244,7 @@ class Trainer:
         metrics.update(policy_update(
             self.model, self.optimizer, batch, cfg.algo, micro_batch_size=mbs, mini_batches=tc.mini_batches,
             epochs=tc.epochs, grad_clip=tc.grad_clip, temperature=temp, scheduler=self.scheduler,
-            seed=tc.seed * 1_000_003 + self.step, critic=self.critic, critic_optimizer=self.critic_opt,
+            seed=tc.seed * 1_000_003 + self.step, critic=self.critic_model, critic_optimizer=self.critic_opt,
             norm_len=cfg.rollout.max_context_tokens,
         ))
         lengths = rb.lengths_B.tolist()
@@ -261,13 +256,14 @@ class Trainer:
             "perf/train_s": total - t_rollout,
             "perf/tokens_per_s": float(att.sum()) / max(total, 1e-9),
         })
-        metrics = _reduce_metrics(metrics, self.ctx)
+        metrics = par.reduce_metrics(metrics, world_size=self.ctx.world_size, question_ids=[q.id for q in mine])
         return metrics, trajs
 
     def _ref_logprobs(self, ids, att, mbs, temp):
         """The frozen reference's logprobs: a separate copy, or (LoRA) the policy without adapters."""
         if self.ref is not None:
-            return batched_logprobs(self.ref, ids, att, micro_batch_size=mbs, temperature=temp)
+            with par.gathered(self.ref):
+                return batched_logprobs(self.ref, ids, att, micro_batch_size=mbs, temperature=temp)
         with self.policy.disable_adapter():
             return batched_logprobs(self.policy, ids, att, micro_batch_size=mbs, temperature=temp)
 
@@ -296,8 +292,10 @@ class Trainer:
             self.step += 1
             metrics, trajs = self.train_step()
             due = (tc.eval_every and self.step % tc.eval_every == 0) or self.step == tc.total_steps
-            if due and self.ctx.is_main:
-                metrics.update(self.evaluate())
+            if due:
+                with par.gathered(self.policy):  # a collective under FSDP: every rank enters
+                    if self.ctx.is_main:
+                        metrics.update(self.evaluate())
             self.logger.log(self.step, metrics)
             self.logger.log_samples(self.step, trajs)
             last = metrics

@@ -132,6 +132,9 @@ class ValueHead(torch.nn.Module):
         super().__init__()
         self.body = body
         self.head = torch.nn.Linear(hidden_size, 1)
+        out_emb, in_emb = body.get_output_embeddings(), body.get_input_embeddings()
+        if out_emb is not None and in_emb is not None and out_emb.weight is not in_emb.weight:
+            out_emb.requires_grad_(False)  # an untied LM head gets no gradient here (DDP would wait for one)
         torch.nn.init.zeros_(self.head.weight)
         torch.nn.init.zeros_(self.head.bias)
 

@@ -9,8 +9,9 @@ Read top to bottom:
    gradients are accumulated. Every micro-batch loss is normalised by the *mini-batch's* token (or
    row) count, so the accumulated gradient equals the gradient of the whole mini-batch's loss,
    whatever the micro-batch size. Under DDP the count is all-reduced and the loss multiplied by
-   the world size (DDP averages gradients), so N ranks produce the single-process update.
-3. A non-finite loss or gradient norm skips the optimizer step and is counted.
+   the world size (DDP and FSDP average gradients), so N ranks produce the single-process update.
+3. A non-finite loss or gradient norm skips the optimizer step and is counted (on every rank when
+   any rank's loss is non-finite, so the replicas or shards stay in step).
 
 Departures: with ``kl_mode="reward"`` and a sequence-level estimator (GRPO/RLOO), the summed token
 KL is subtracted from the row's score before the group statistics.
@@ -106,6 +107,16 @@ def _global_count(local: float, device: torch.device) -> float:
     return float(t.item())
 
 
+def _all_ranks_finite(finite: bool, device: torch.device) -> bool:
+    """True only if the loss was finite on every rank."""
+    world, on = _world()
+    if not on:
+        return finite
+    t = torch.tensor([1.0 if finite else 0.0], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return bool(t.item() > 0)
+
+
 def _micro_loss(policy, b: UpdateBatch, rows: list[int], algo: AlgoConfig, denom: float, temperature: float,
                 norm_len: float | None):
     """Loss of one micro-batch (already divided by the mini-batch denominator) and its stats."""
@@ -197,6 +208,7 @@ def policy_update(
                 mb_loss += float(loss.detach())  # micro losses share the denominator: they add up
                 n_stats += 1
             losses.append(mb_loss)
+            finite = _all_ranks_finite(finite, device)
             params = [p for p in policy.parameters() if p.grad is not None]
             norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip else float("inf"))
             if critic is not None:

@@ -1,7 +1,11 @@
-"""Data-parallel update with PyTorch distributed (2 gloo processes on CPU) equals the
-single-process update on the same batch."""
+"""Data-parallel updates with PyTorch distributed (2 gloo processes on CPU) equal the
+single-process update on the same batch: DDP and FSDP2 (``train.parallel``). The FSDP run also
+checks what the trainer relies on: forwards under ``gathered`` need no matching calls on the other
+rank, the gathered checkpoint is a plain ``save_pretrained`` directory, and the optimizer state
+resumes (one more update after reloading equals the update of the run that went on)."""
 
 import copy
+import json
 import os
 import socket
 
@@ -11,12 +15,15 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from sleuth.config import AlgoConfig
+from sleuth.train import distributed as par
 from sleuth.train.forward import batched_logprobs
 from sleuth.train.update import UpdateBatch, compute_advantages, policy_update
 
 pytestmark = pytest.mark.component
 
 ALGO = AlgoConfig(clip_low=0.2, clip_high=0.28, kl_coef=0.0, kl_mode="none", loss_agg="token_mean")
+GRAD_CLIP = 0.05  # below the batch's gradient norm: the clip (a global norm under FSDP) is active
+WORLD = 2
 
 
 def _setup():
@@ -40,26 +47,82 @@ def _setup():
     return model, UpdateBatch(ids, att, mask, adv, old)
 
 
-def _rows(batch: UpdateBatch, rows: slice) -> UpdateBatch:
+def _rows(batch: UpdateBatch, rank: int, world: int) -> UpdateBatch:
+    share = batch.input_ids_BT.shape[0] // world
+    rows = slice(rank * share, (rank + 1) * share)
     return UpdateBatch(batch.input_ids_BT[rows], batch.attention_mask_BT[rows], batch.loss_mask_BT[rows],
                        batch.advantages_BT[rows], batch.old_logprobs_BT[rows])
 
 
-def _worker(rank: int, world: int, port: int, out_path: str) -> None:
+def _update(model, opt, batch):
+    return policy_update(model, opt, batch, ALGO, micro_batch_size=2, grad_clip=GRAD_CLIP)
+
+
+def _join(rank: int, world: int, port: int) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+
+
+def _parallel_update(model, batch, rank, world, parallel):
+    """One SGD update on this rank's half of the batch under DDP or FSDP; the full weights (rank 0)
+    and every rank's ``algo/loss``."""
+    wrapped = par.wrap_for_update(model, parallel=parallel, world_size=world)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)  # after sharding: FSDP swaps the parameters
+    metrics = _update(wrapped, opt, _rows(batch, rank, world))
+    state = par.full_model_state(model)  # a collective under FSDP
+    losses = [None] * world
+    dist.all_gather_object(losses, metrics["algo/loss"])
+    return {"state": state, "losses": losses, "sharded": par.is_sharded(wrapped)}
+
+
+def _fsdp_checkpoint(model, batch, rank, world, tmp_dir):
+    """AdamW under FSDP: update, checkpoint as the trainer does, forwards under ``gathered``, a
+    second update; then a fresh sharded model resumed from the checkpoint makes the second update."""
+    from sleuth.train.checkpoint import load_optimizer_state, load_policy_weights, optimizer_state
+    from tests.helpers.tiny import tiny_model, tiny_tokenizer
+
+    mine = _rows(batch, rank, world)
+    par.shard(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    _update(model, opt, mine)
+    full, optim = par.full_model_state(model), optimizer_state(model, opt, sharded=True)  # collectives
+    if rank == 0:
+        par.plain_model(model, full).save_pretrained(tmp_dir / "ckpt" / "policy")
+        torch.save(optim, tmp_dir / "optim.pt")
+    dist.barrier()
+    with par.gathered(model), torch.no_grad():  # rank 0 runs 3 forwards, rank 1 one: no collective
+        for _ in range(3 if rank == 0 else 1):
+            logits = model(input_ids=batch.input_ids_BT[:2]).logits
+    _update(model, opt, mine)
+    went_on = par.full_model_state(model)
+
+    fresh = tiny_model(tiny_tokenizer(), seed=99).train()  # other weights: all come from the checkpoint
+    par.shard(fresh)
+    load_policy_weights(fresh, tmp_dir / "ckpt")
+    opt2 = torch.optim.AdamW(fresh.parameters(), lr=1e-2)
+    load_optimizer_state(fresh, opt2, torch.load(tmp_dir / "optim.pt", weights_only=False), where=tmp_dir)
+    _update(fresh, opt2, mine)
+    blank = tiny_model(tiny_tokenizer(), seed=99).train()  # the same without the optimizer state
+    par.shard(blank)
+    load_policy_weights(blank, tmp_dir / "ckpt")
+    _update(blank, torch.optim.AdamW(blank.parameters(), lr=1e-2), mine)
+    return {"went_on": went_on, "resumed": par.full_model_state(fresh), "logits": logits,
+            "no_optimizer_state": par.full_model_state(blank)}
+
+
+def _worker(rank: int, world: int, port: int, tmp: str) -> None:
+    from pathlib import Path
+
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        from torch.nn.parallel import DistributedDataParallel as DDP
-
+        out = {p: _parallel_update(*_setup(), rank, world, p) for p in ("ddp", "fsdp")}
         model, batch = _setup()
-        share = batch.input_ids_BT.shape[0] // world
-        ddp = DDP(model)
-        opt = torch.optim.SGD(model.parameters(), lr=0.5)
-        policy_update(ddp, opt, _rows(batch, slice(rank * share, (rank + 1) * share)), ALGO,
-                      micro_batch_size=2, grad_clip=None)
+        out["checkpoint"] = _fsdp_checkpoint(model, batch, rank, world, Path(tmp))
         if rank == 0:
-            torch.save({k: v.detach().clone() for k, v in model.state_dict().items()}, out_path)
+            torch.save(out, Path(tmp) / "rank0.pt")
     finally:
         dist.destroy_process_group()
 
@@ -70,17 +133,56 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_gloo_ranks_match_single_process(tmp_path):
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    """Two gloo processes (spawned once for the module: starting them is most of the cost)."""
+    tmp = tmp_path_factory.mktemp("dist")
+    mp.spawn(_worker, args=(WORLD, _free_port(), str(tmp)), nprocs=WORLD, join=True)
+    return tmp, torch.load(tmp / "rank0.pt", weights_only=False)
+
+
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_two_gloo_ranks_match_single_process(ranks, parallel):
     model, batch = _setup()
     single = copy.deepcopy(model)
-    opt = torch.optim.SGD(single.parameters(), lr=0.5)
-    policy_update(single, opt, batch, ALGO, micro_batch_size=2, grad_clip=None)
+    metrics = _update(single, torch.optim.SGD(single.parameters(), lr=0.5), batch)
+    assert metrics["algo/grad_norm"] > GRAD_CLIP  # the clip matters for this batch
 
-    out = tmp_path / "rank0.pt"
-    mp.spawn(_worker, args=(2, _free_port(), str(out)), nprocs=2, join=True)
-    ddp_state = torch.load(out)
+    got = ranks[1][parallel]
+    assert got["sharded"] == (parallel == "fsdp")
     moved = 0
     for name, p in single.state_dict().items():
-        torch.testing.assert_close(ddp_state[name], p, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(got["state"][name], p, atol=1e-6, rtol=1e-5)
         moved += not torch.equal(p, model.state_dict()[name])
     assert moved > 0  # the update did something
+    # each rank's loss is its share of the global mean: the shares add up (hence summed in metrics)
+    assert sum(got["losses"]) == pytest.approx(metrics["algo/loss"], abs=1e-6)
+
+
+def test_fsdp_gathered_forward_checkpoint_and_optimizer_resume(ranks):
+    from transformers import AutoModelForCausalLM
+
+    tmp, results = ranks
+    got = results["checkpoint"]
+    model, batch = _setup()
+    single = copy.deepcopy(model)
+    opt = torch.optim.AdamW(single.parameters(), lr=1e-2)
+    _update(single, opt, batch)
+    after_one = {k: v.clone() for k, v in single.state_dict().items()}
+    with torch.no_grad():
+        logits = single(input_ids=batch.input_ids_BT[:2]).logits
+    _update(single, opt, batch)
+
+    policy_dir = tmp / "ckpt" / "policy"
+    assert json.loads((policy_dir / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    loaded = AutoModelForCausalLM.from_pretrained(policy_dir)  # a plain HF directory
+    # AdamW divides by sqrt(v): a 1e-7 gradient difference can move a weight by ~1e-6 (lr 1e-2)
+    for name, p in loaded.state_dict().items():
+        torch.testing.assert_close(p, after_one[name], atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(got["logits"], logits, atol=1e-4, rtol=1e-4)  # gathered = full weights
+    for name, p in single.state_dict().items():
+        torch.testing.assert_close(got["went_on"][name], p, atol=1e-5, rtol=1e-4)  # FSDP = one process
+        torch.testing.assert_close(got["resumed"][name], got["went_on"][name], atol=1e-6, rtol=0)
+    # the check can fail: without the optimizer state the second update differs (AdamW's first
+    # step is about lr * sign(g))
+    assert any(not torch.allclose(got["no_optimizer_state"][k], got["went_on"][k], atol=1e-4) for k in after_one)

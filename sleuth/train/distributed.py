@@ -1,0 +1,201 @@
+"""Data-parallel training under ``torchrun``: DDP (a full replica per rank) or FSDP (sharded).
+
+``train.parallel`` picks the wrapper; both are no-ops in a single process.
+
+* ``ddp``: ``DistributedDataParallel``; every rank holds the whole model, gradients and optimizer
+  state; gradients are averaged by all-reduce.
+* ``fsdp``: PyTorch's FSDP2 (``torch.distributed.fsdp.fully_shard``): every decoder block (the
+  classes a Hugging Face model lists in ``_no_split_modules``) is sharded, then the root; each rank
+  keeps 1/N of the parameters, gradients and AdamW state, so models that do not fit one device
+  train on several. Forward/backward all-gather one block at a time.
+
+Rollouts and the no-gradient forwards (old/reference logprobs, critic values, evaluation) run
+under :func:`gathered`: every block is all-gathered once, so each rank may then run any number of
+forwards, which per-rank generation needs (ranks decode different lengths); the full parameters
+live only for that phase (no gradients or optimizer state beside them). The update then runs
+sharded, with the same number of micro-batches on every rank.
+
+Checkpoints stay plain: :func:`full_model_state` gathers the full state dict on rank 0 (on CPU) and
+:func:`plain_model` rebuilds an unwrapped Hugging Face model from it for ``save_pretrained``; the
+optimizer state is saved as a full, parameter-name-keyed dict and re-sharded on resume.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
+
+PARALLEL = ("ddp", "fsdp")
+
+# Metrics that are counts or throughputs are summed over ranks; durations take the slowest rank;
+# everything else (rates, means, losses) is averaged (ranks hold equal shares of the rows).
+SUMMED = {
+    "rollout/trajectories", "rollout/queries", "rollout/distinct_queries", "rollout/retrieval_calls",
+    "rollout/invalid", "rollout/retrieval_errors", "rollout/sampled_tokens", "rollout/injected_tokens",
+    "rollout/sampled_tokens_per_s", "perf/tokens_per_s",
+    "algo/loss",  # each rank's share is divided by the global token/row count: the shares add up
+}
+
+
+def check_parallel(parallel: str) -> None:
+    if parallel not in PARALLEL:
+        raise ValueError(f"train.parallel must be one of {PARALLEL}, got {parallel!r}")
+
+
+def wrap_for_update(model: torch.nn.Module, *, parallel: str, world_size: int, local_rank: int = 0):
+    """The module the update step calls: ``model`` itself (one process, or FSDP, which shards it
+    in place) or a DDP wrapper around it."""
+    check_parallel(parallel)
+    if world_size <= 1:
+        return model
+    if parallel == "fsdp":
+        return shard(model)
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    return DDP(model, device_ids=[local_rank] if torch.cuda.is_available() else None)
+
+
+def _block_classes(model: torch.nn.Module) -> set[str]:
+    """Names of the decoder-block classes Hugging Face models declare in ``_no_split_modules``."""
+    names: set[str] = set()
+    for m in model.modules():
+        names.update(getattr(m, "_no_split_modules", None) or [])
+    return names
+
+
+def shard(model: torch.nn.Module, mesh=None) -> torch.nn.Module:
+    """Apply FSDP2 in place: each decoder block, then the root (embeddings, norm, head, the rest).
+
+    Works on CPU with gloo and on GPUs with nccl; ``mesh`` defaults to all ranks on this
+    process's device type.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    if mesh is None:
+        kind = "cuda" if torch.cuda.is_available() else "cpu"
+        mesh = init_device_mesh(kind, (dist.get_world_size(),))
+    names = _block_classes(model)
+    for block in [m for m in model.modules() if type(m).__name__ in names]:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def is_sharded(model: torch.nn.Module | None) -> bool:
+    if model is None or not dist.is_available():
+        return False
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+@contextlib.contextmanager
+def gathered(model: torch.nn.Module | None) -> Iterator[None]:
+    """Hold the full parameters of an FSDP ``model`` on every rank for the duration (a no-op for
+    anything else). Entering is a collective: every rank must enter; inside, forwards are local."""
+    if not is_sharded(model):
+        yield
+        return
+    from torch.distributed.fsdp import FSDPModule
+
+    blocks = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    model.set_reshard_after_forward(False)  # recursive: forwards inside keep the full weights
+    for m in blocks:
+        m.unshard()
+    try:
+        yield
+    finally:
+        for m in blocks:
+            m.reshard()
+        model.set_reshard_after_forward(True)
+        model.set_reshard_after_forward(False, recurse=False)  # FSDP's default for the root
+
+
+def _options(**kwargs):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, **kwargs)
+
+
+def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The full (unsharded) state dict on CPU: complete on rank 0, empty on other ranks of an FSDP
+    model (a collective there); ``state_dict()`` on CPU otherwise."""
+    if not is_sharded(model):
+        return {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(model, options=_options(cpu_offload=True))
+
+
+def full_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+    """The optimizer state keyed by parameter name, full on rank 0 (FSDP: a collective)."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    return get_optimizer_state_dict(model, optimizer, options=_options(cpu_offload=True))
+
+
+def load_model_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> tuple[list[str], list[str]]:
+    """Load a full state dict into ``model`` (sharding it for FSDP); ``(missing, unexpected)`` keys."""
+    if not is_sharded(model):
+        result = model.load_state_dict(state, strict=False)
+        return list(result.missing_keys), list(result.unexpected_keys)
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+    expected = set(model.state_dict())
+    missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
+    set_model_state_dict(model, {k: v for k, v in state.items() if k in expected}, options=_options(strict=False))
+    return missing, unexpected
+
+
+def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """Load a name-keyed full optimizer state (from :func:`full_optimizer_state`) on every rank."""
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, state, options=_options())
+
+
+def plain_class(model: torch.nn.Module) -> type:
+    """The model's own class (FSDP2 swaps in a subclass named ``FSDP<Class>``)."""
+    if not is_sharded(model):
+        return type(model)
+    from torch.distributed.fsdp import FSDPModule
+
+    return next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))
+
+
+def plain_model(model, state: dict[str, torch.Tensor]):
+    """An unwrapped Hugging Face model holding ``state`` (built on the meta device, no copy), for
+    ``save_pretrained``: the files and ``config.json`` are those of the original class."""
+    with torch.device("meta"):
+        plain = plain_class(model)(model.config)
+    plain.load_state_dict(state, strict=False, assign=True)
+    if getattr(model.config, "tie_word_embeddings", False):
+        plain.tie_weights()
+    plain.generation_config = model.generation_config
+    return plain
+
+
+def reduce_metrics(metrics: dict[str, float], *, world_size: int, question_ids: list[str]) -> dict[str, float]:
+    """Combine per-rank metrics: counts summed (``SUMMED``, ``rollout/stop/*``), durations (``*_s``)
+    the slowest rank's, the rest averaged; ``rollout/questions`` counts the distinct question ids
+    over all ranks (equal to the step's questions when the shards are disjoint)."""
+    if world_size <= 1 or not dist.is_initialized():
+        return {**metrics, "rollout/questions": float(len(set(question_ids)))}
+    gathered_: list = [None] * world_size
+    dist.all_gather_object(gathered_, (metrics, list(question_ids)))
+    keys = sorted({k for m, _ in gathered_ for k in m})
+    out: dict[str, float] = {}
+    for k in keys:
+        vals = [float(m.get(k, 0.0)) for m, _ in gathered_]
+        if k in SUMMED or k.startswith("rollout/stop/"):
+            out[k] = sum(vals)
+        elif k.endswith("_s") and not k.endswith("_per_s"):
+            out[k] = max(vals)
+        else:
+            out[k] = sum(vals) / world_size
+    out["rollout/questions"] = float(len({q for _, ids in gathered_ for q in ids}))
+    return out
