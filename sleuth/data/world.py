@@ -34,7 +34,7 @@ from pathlib import Path
 
 from sleuth.types import Passage, Question
 
-WORLD_VERSION = 2  # bump when generation changes: it is part of every cache key built on a world
+WORLD_VERSION = 3  # bump when generation changes: it is part of every cache key built on a world
 
 # relation -> (subject kind, object kind)
 RELATIONS = {
@@ -47,52 +47,56 @@ RELATIONS = {
     "invented_year": ("invention", "year"),
     "country": ("city", "country"),
 }
-# The sentence stating a fact; it appears verbatim in the subject's passage.
-CLAIMS = {
-    "birthplace": "{s} was born in the city of {o}.",
-    "birth_year": "{s} was born in the year {o}.",
-    "founder": "{s} was founded by {o}.",
-    "hq": "{s} is headquartered in the city of {o}.",
-    "founded_year": "{s} was founded in the year {o}.",
-    "inventor": "The {s} was invented by {o}.",
-    "invented_year": "The {s} was invented in the year {o}.",
-    "country": "{s} is a city in the country of {o}.",
+# How a fact is worded: "{subject} {verb} {phrase} {object}." in passages; the phrase's last word
+# (by / year / of / country) is the word right before the object, and no passage that comes up
+# with a subject's own passages uses that word before anything else.
+PHRASES = {
+    "birthplace": ("was", "born in the city of"),
+    "birth_year": ("was", "born in the year"),
+    "founder": ("was", "founded by"),
+    "hq": ("is", "headquartered in the city of"),
+    "founded_year": ("was", "founded in the year"),
+    "inventor": ("was", "invented by"),
+    "invented_year": ("was", "invented in the year"),
+    "country": ("is", "a city in the country"),
 }
-# What one needs to find, said before a search for it.
+# What one needs to find, said before the first search; it ends with the subject, worded like the
+# question just before the subject.
 NEEDS = {
-    "birthplace": "where {s} was born",
-    "birth_year": "when {s} was born",
+    "birthplace": "the birthplace of {s}",
+    "birth_year": "the birth year of {s}",
     "founder": "who founded {s}",
-    "hq": "where {s} is headquartered",
-    "founded_year": "when {s} was founded",
-    "inventor": "who invented the {s}",
-    "invented_year": "when the {s} was invented",
+    "hq": "the headquarters of {s}",
+    "founded_year": "the founding year of {s}",
+    "inventor": "who invented {s}",
+    "invented_year": "the invention year of {s}",
     "country": "the country of {s}",
 }
-# question type -> (relation chain, question template)
+# question type -> (relation chain, question template); every question ends with its subject.
 QUESTION_TYPES = {
-    "birthplace": (("birthplace",), "In which city was {s} born?"),
-    "birth_year": (("birth_year",), "In what year was {s} born?"),
+    "birthplace": (("birthplace",), "Which city is the birthplace of {s}?"),
+    "birth_year": (("birth_year",), "What is the birth year of {s}?"),
     "founder": (("founder",), "Who founded {s}?"),
-    "hq": (("hq",), "In which city is {s} headquartered?"),
-    "founded_year": (("founded_year",), "In what year was {s} founded?"),
-    "inventor": (("inventor",), "Who invented the {s}?"),
-    "invented_year": (("invented_year",), "In what year was the {s} invented?"),
-    "country": (("country",), "In which country is {s}?"),
-    "founder_birthplace": (("founder", "birthplace"), "In which city was the founder of {s} born?"),
-    "founder_birth_year": (("founder", "birth_year"), "In what year was the founder of {s} born?"),
-    "hq_country": (("hq", "country"), "In which country is the headquarters of {s}?"),
-    "inventor_birthplace": (("inventor", "birthplace"), "In which city was the inventor of the {s} born?"),
-    "birth_country": (("birthplace", "country"), "In which country was {s} born?"),
+    "hq": (("hq",), "Which city is the headquarters of {s}?"),
+    "founded_year": (("founded_year",), "What is the founding year of {s}?"),
+    "inventor": (("inventor",), "Who invented {s}?"),
+    "invented_year": (("invented_year",), "What is the invention year of {s}?"),
+    "country": (("country",), "What is the country of {s}?"),
+    "founder_birthplace": (("founder", "birthplace"), "Which city is the birthplace of the person who founded {s}?"),
+    "founder_birth_year": (("founder", "birth_year"), "What is the birth year of the person who founded {s}?"),
+    "hq_country": (("hq", "country"), "Which country hosts the headquarters of {s}?"),
+    "inventor_birthplace": (("inventor", "birthplace"), "Which city is the birthplace of the person who invented {s}?"),
+    "birth_country": (("birthplace", "country"), "Which country holds the birthplace of {s}?"),
 }
 
-# Names are 2-3 syllables from this fixed inventory (consonant, vowel, optional n): the tiny
-# model's tokenizer has one token per syllable, so every name is a short sequence of common tokens.
+# Name stems are 2-3 syllables (consonant, vowel, optional n). Every name is two words or a stem
+# plus a suffix, so the tiny model's tokenizer spells every name (and every year) in two tokens.
 SYLLABLES = [c + v + e for c in "bdfgklmprstvz" for v in "aeiou" for e in ("", "n")]
 COUNTRY_SUFFIXES = ["ria", "land", "mark"]
+CITY_SUFFIXES = ["ford", "burg", "ton", "vale", "port"]
 _COMPANY_KINDS = {"Works": "glass", "Labs": "medicines", "Motors": "engines", "Foods": "bread",
-                  "Mills": "flour", "Textiles": "cloth", "Press": "books", "Forge": "steel tools"}
-_DEVICES = "engine loom lamp compass valve pump clock telescope".split()
+                  "Mills": "flour", "Textiles": "cloth", "Press": "books", "Forge": "tools"}
+_DEVICES = "Engine Loom Lamp Compass Valve Pump Clock Telescope".split()
 _OCCUPATIONS = "engineer merchant chemist weaver architect printer clockmaker sailor painter".split()
 
 
@@ -108,17 +112,12 @@ class World:
     facts: dict[tuple[str, str], str]
     entities: dict[str, list[str]]  # kind -> names (kinds: person, company, invention, city, country)
     split_of: dict[str, str] = field(default_factory=dict)  # entity name -> "train" | "test"
+    stems: list[str] = field(default_factory=list)  # every invented word (names, stems of cities/countries)
 
     def fingerprint(self) -> str:
         """A short hash of everything that determines the world (for cache keys)."""
         blob = json.dumps({"seed": self.seed, "params": self.params, "version": WORLD_VERSION}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-    def name_words(self) -> set[str]:
-        """Every word of every invented name (people, companies, inventions, cities, countries)."""
-        kinds = ("person", "city", "country")
-        words = {w for kind in kinds for name in self.entities[kind] for w in name.split()}
-        return words | {name.split()[0] for kind in ("company", "invention") for name in self.entities[kind]}
 
     def write(self, out_dir: str | Path) -> dict[str, Path]:
         """Write ``corpus.jsonl`` ({"id","contents"}) and FlashRAG-style ``train.jsonl``/``test.jsonl``."""
@@ -171,11 +170,11 @@ def generate_world(seed: int = 0, n_entities: int = 600, test_fraction: float = 
     params = {"n_entities": n_entities, "test_fraction": test_fraction, "n_countries": n_countries}
     rng, facts, split_of = random.Random(seed), {}, {}
     namer = _Namer(rng)
-    countries = [namer.stem((2,)) + rng.choice(COUNTRY_SUFFIXES) for _ in range(n_countries)]
+    countries = [namer.stem() + rng.choice(COUNTRY_SUFFIXES) for _ in range(n_countries)]
     # Splits are drawn first so that every fact on a test question's chain is about test entities:
     # test people are born in test cities, test companies/inventions have test founders/inventors
     # and test headquarters.
-    cities = _make(namer, max(4, n_entities // 5), test_fraction, split_of)
+    cities = _make(namer, max(4, n_entities // 5), test_fraction, split_of, CITY_SUFFIXES, rng)
     for c in cities:
         facts[(c, "country")] = rng.choice(countries)
     in_split = {sp: [c for c in cities if split_of[c] == sp] for sp in ("train", "test")}
@@ -190,8 +189,8 @@ def generate_world(seed: int = 0, n_entities: int = 600, test_fraction: float = 
     stems: list[str] = []
     companies = []
     for _ in range(max(2, n_entities // 4)):
-        # A quarter of the companies reuse another company's stem: a distractor sharing a word.
-        stem = rng.choice(stems) if stems and rng.random() < 0.25 else namer.stem()
+        # Some companies reuse another company's stem: a distractor sharing a word.
+        stem = rng.choice(stems) if stems and rng.random() < 0.15 else namer.stem()
         stems.append(stem)
         name = f"{stem} {rng.choice(sorted(_COMPANY_KINDS))}"
         while name in companies:
@@ -213,12 +212,12 @@ def generate_world(seed: int = 0, n_entities: int = 600, test_fraction: float = 
                 "country": countries}
     passages = _passages(rng, entities, facts, surnames)
     train, test = _questions(rng, entities, facts, split_of)
-    return World(seed, params, passages, train, test, facts, entities, split_of)
+    return World(seed, params, passages, train, test, facts, entities, split_of, sorted(namer.used))
 
 
-def _make(namer: _Namer, n: int, test_fraction: float, split_of: dict) -> list[str]:
+def _make(namer: _Namer, n: int, test_fraction: float, split_of: dict, suffixes=(), rng=None) -> list[str]:
     """``n`` new names; the first ``round(test_fraction * n)`` (at least one) are test."""
-    names = [namer.stem() for _ in range(n)]
+    names = [namer.stem() + (rng.choice(suffixes) if suffixes else "") for _ in range(n)]
     n_test = max(1, round(test_fraction * n))
     split_of.update({name: ("test" if i < n_test else "train") for i, name in enumerate(names)})
     return names
@@ -229,33 +228,28 @@ def _passages(rng: random.Random, entities: dict, facts: dict, surnames: list[st
     rows: list[tuple[str, str]] = []
     founded_by = {facts[(c, "founder")]: c for c in entities["company"]}
     invented_by = {facts[(i, "inventor")]: i for i in entities["invention"]}
-    claim = lambda s, r: CLAIMS[r].format(s=s, o=facts[(s, r)])  # noqa: E731
+    claim = lambda s, r: claim_text(s, r, facts[(s, r)])  # noqa: E731
     for p in entities["person"]:
         rows.append((p, f"{claim(p, 'birthplace')} {claim(p, 'birth_year')}"))
-        work = rng.choice(entities["city"])
         deeds = f" {p} founded {founded_by[p]}." if p in founded_by else ""
-        deeds += f" {p} invented the {invented_by[p]}." if p in invented_by else ""
+        deeds += f" {p} invented {invented_by[p]}." if p in invented_by else ""
         job = rng.choice(_OCCUPATIONS)
-        rows.append((p, f"{p} worked as {'an' if job[0] in 'aeiou' else 'a'} {job} in the city of {work}.{deeds}"))
+        where = rng.choice(entities["city"])
+        rows.append((p, f"{p} worked as {'an' if job[0] in 'aeiou' else 'a'} {job} in {where}.{deeds}"))
     for c in entities["company"]:
-        kind = c.rsplit(" ", 1)[1]
         rows.append((c, f"{claim(c, 'founder')} {claim(c, 'founded_year')}"))
-        rows.append((c, f"{claim(c, 'hq')} It makes {_COMPANY_KINDS[kind]}."))
+        rows.append((c, f"{claim(c, 'hq')} It makes {_COMPANY_KINDS[c.rsplit(' ', 1)[1]]}."))
     for i in entities["invention"]:
         rows.append((i, f"{claim(i, 'inventor')} {claim(i, 'invented_year')}"))
+        rows.append((i, f"{i} is a {i.rsplit(' ', 1)[1].lower()} first made in {rng.choice(entities['city'])}."))
     for c in entities["city"]:
         rows.append((c, claim(c, "country")))
-    capitals = {}
-    for c in entities["city"]:
-        capitals.setdefault(facts[(c, "country")], c)
     for k in entities["country"]:
-        capital = f" Its capital is the city of {capitals[k]}." if k in capitals else ""
-        rows.append((k, f"{k} is a country with {rng.randint(2, 40)} provinces.{capital}"))
+        rows.append((k, f"{k} is a country with {rng.randint(2, 40)} provinces."))
     for s in rng.sample(surnames, len(surnames) // 3):  # distractors: families and fairs
-        rows.append((f"{s} family", f"The {s} family kept a shop in the city of {rng.choice(entities['city'])}."))
+        rows.append((f"{s} family", f"The {s} family kept a shop in {rng.choice(entities['city'])}."))
     for c in rng.sample(entities["city"], len(entities["city"]) // 3):
-        other = rng.choice(entities["city"])
-        rows.append((f"{c} Fair", f"The {c} Fair is held every summer. Traders come from the city of {other}."))
+        rows.append((f"{c} Fair", f"The {c} Fair is held every summer. Traders come from {rng.choice(entities['city'])}."))
     rng.shuffle(rows)
     return [Passage(str(n), title, text) for n, (title, text) in enumerate(rows)]
 
@@ -283,10 +277,16 @@ def _questions(rng: random.Random, entities: dict, facts: dict, split_of: dict) 
 
 
 def claim_text(subject: str, relation: str, obj: str) -> str:
-    """The fixed sentence stating ``relation(subject) = obj`` (as in passages and transcripts)."""
-    return CLAIMS[relation].format(s=subject, o=obj)
+    """The passage sentence stating ``relation(subject) = obj``, e.g. "X was founded by P."."""
+    verb, phrase = PHRASES[relation]
+    return f"{subject} {verb} {phrase} {obj}."
+
+
+def said_text(relation: str, obj: str) -> str:
+    """What a reader says it found, worded like the passage up to the object."""
+    return f"The passage says: {PHRASES[relation][1]} {obj}."
 
 
 def need_text(subject: str, relation: str) -> str:
-    """What one needs to find about ``subject`` (used in reasoning before a search)."""
+    """What one needs to find about ``subject`` (said before the first search; ends with it)."""
     return NEEDS[relation].format(s=subject)

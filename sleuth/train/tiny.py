@@ -33,17 +33,14 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from sleuth.data.world import COUNTRY_SUFFIXES, RELATIONS, SYLLABLES, World, claim_text, need_text
+from sleuth.data.world import CITY_SUFFIXES, COUNTRY_SUFFIXES, RELATIONS, World, claim_text, need_text, said_text
 from sleuth.rollout.formats import SearchR1Format, normalize_question
 from sleuth.types import Passage, Question
 
 TINY_VERSION = 1  # bump when synthesis or training changes: part of the cache key
 TAGS = ["<think>", "</think>", "<search>", "</search>", "<information>", "</information>", "<answer>", "</answer>"]
 EOS, PAD = "<|endoftext|>", "<|pad|>"
-TINY_INSTRUCTION = (
-    "Think in <think> </think>, search with <search> query </search>, answer in <answer> </answer>. "
-    "Question: {question}\n"
-)
+TINY_INSTRUCTION = "Answer the question. Search for facts if you must. Question: {question}\n"
 
 
 class TinySearchR1Format(SearchR1Format):
@@ -79,8 +76,17 @@ class PretrainSpec:
     p_copy: float = 0.75  # the fact is copied from the passages (when it is there)
     topk: int = 3  # passages per search in the observations
     seq_len: int = 512
-    batch_size: int = 8
+    pack: bool = False  # pack documents into seq_len rows (else one document per row, length-bucketed)
+    batch_size: int = 8  # rows per step
     lr: float = 3e-3
+    drill_steps: int = 1500  # copy warm-up steps at most, before the world documents (0 = none)
+    drill_stop_loss: float = 0.3  # the warm-up ends early once its mean loss over 20 steps is below this
+    drill_batch_size: int = 32
+    drill_mix: int = 8  # copy rows added to every world batch, so the copy heads stay in use
+    passage_docs: bool = False  # also train on every passage as a document (world knowledge)
+    rename: bool = True  # rename the invented names of every transcript at random (see Renamer)
+    train_injected: bool = True  # language-model loss on observations too: the names they repeat
+    # ("Doc 1(Title: "X") X was ...") are dense copy practice, which grows the copy heads
     weight_decay: float = 0.05
     warmup_frac: float = 0.05
     threads: int = 2
@@ -143,20 +149,28 @@ def _wrong_query(world: World, subject: str, kind: str, rng: random.Random) -> s
 
 
 def synthesize_transcript(world: World, q: Question, fmt, search: Bm25Search, spec: PretrainSpec,
-                          rng: random.Random) -> str:
-    """One prompt + response text in the Search-R1 layout from the unreliable simulated policy."""
+                          rng: random.Random) -> list[tuple[str, bool]]:
+    """One transcript in the Search-R1 layout from the unreliable simulated policy, as
+    ``(text, trained)`` segments: the prompt and the observations are injected (not trained), the
+    policy's own text is trained, exactly as in a rollout:
+
+    ``<think> I need to find who founded X. </think>`` ``<search> X </search>`` observation
+    ``<think> The passage says: founded by P. </think>`` then ``<answer> P </answer>`` (or, for a
+    two-hop question, ``<search> P </search>`` and one more round); or, without searching,
+    ``<think> I know the answer. </think> <answer> guess </answer>``.
+    """
     chain, subject = q.meta["chain"], q.meta["subject"]
-    text = fmt.user_content(q)
+    segments = [(fmt.user_content(q), False)]
     if rng.random() >= spec.search_fraction:
         guess = _random_object(world, q.meta["answer_kind"], rng)
-        return text + f"{GUESS_OPENING} </think>\n<answer> {guess} </answer>"
-    text += f"{SEARCH_OPENING} {need_text(subject, chain[0])}. </think>\n"
+        return segments + [(f"{GUESS_OPENING} </think>\n<answer> {guess} </answer>", True)]
+    text = f"{SEARCH_OPENING} {need_text(subject, chain[0])}. </think>\n"
     s = subject
     for hop, rel in enumerate(chain):
         kind, obj_kind = RELATIONS[rel]
         query = s if rng.random() < spec.p_query else _wrong_query(world, s, kind, rng)
         docs = search.search([query], spec.topk)[0]
-        text += f"<search> {query} </search>" + fmt.render_observation([(query, docs)])
+        segments += [(text + f"<search> {query} </search>", True), (fmt.render_observation([(query, docs)]), False)]
         true_obj = world.facts.get((s, rel))
         found = true_obj is not None and any(claim_text(s, rel, true_obj) in d.text for d in docs)
         if found and rng.random() < spec.p_copy:
@@ -165,23 +179,53 @@ def synthesize_transcript(world: World, q: Question, fmt, search: Bm25Search, sp
             obj = world.facts[(query, rel)]  # the fact of the entity it searched by mistake
         else:
             obj = _random_object(world, obj_kind, rng)
-        said = claim_text(s, rel, obj)
-        if hop + 1 < len(chain):
-            text += f"<think> {said} Next, find {need_text(obj, chain[hop + 1])}. </think>\n"
-            s = obj
-        else:
-            text += f"<think> {said} </think>\n<answer> {obj} </answer>"
-    return text
+        text = f"<think> {said_text(rel, obj)} </think>\n"
+        s = obj  # the next hop searches what this one found
+    return segments + [(text + f"<answer> {obj} </answer>", True)]
+
+
+class Renamer:
+    """Renames every invented name in a transcript by one random permutation of the world's stems
+    (``Tonpo Munbu`` -> ``Gasel Dofin``, ``Vonsinport`` -> ``Kadoport``), the same way in the question,
+    the queries, the passages and the answer. Names then carry nothing to memorise: the only way to
+    predict a query or an answer is to copy it from the context, and every stem (test ones too) is
+    a copy target during pretraining, so none is learnt as "never said"."""
+
+    def __init__(self, world: World):
+        import re
+
+        self.stems, stem_set = list(world.stems), set(world.stems)
+        self.parts: dict[str, tuple[str, str]] = {}
+        for names in world.entities.values():
+            for word in (w for name in names for w in name.split()):
+                if word in stem_set:
+                    self.parts[word] = (word, "")
+                for suffix in CITY_SUFFIXES + COUNTRY_SUFFIXES:
+                    if word.endswith(suffix) and word[:-len(suffix)] in stem_set:
+                        self.parts[word] = (word[:-len(suffix)], suffix)
+        self._word = re.compile(r"[A-Z][a-z]+")
+
+    def __call__(self, segments: list[tuple[str, bool]], rng: random.Random) -> list[tuple[str, bool]]:
+        shuffled = self.stems[:]
+        rng.shuffle(shuffled)
+        perm = dict(zip(self.stems, shuffled))
+
+        def swap(m) -> str:
+            parts = self.parts.get(m.group(0))
+            return m.group(0) if parts is None else perm[parts[0]] + parts[1]
+
+        return [(self._word.sub(swap, text), trained) for text, trained in segments]
 
 
 SEARCH_OPENING = "<think> I need to find"  # how every searching transcript starts
 GUESS_OPENING = "<think> I know the answer."  # how every guessing transcript starts
 
 
-def pretraining_texts(world: World, spec: PretrainSpec, seed: int) -> list[tuple[str, bool]]:
-    """Passages (once each) and ``spec.n_transcripts`` transcripts of train questions, shuffled, as
-    ``(text, drop_decision)``: ``drop_decision`` marks searching transcripts whose decision token
-    ("need" in :data:`SEARCH_OPENING`) is left out of the loss, so the learned prior is ``p_search``."""
+def pretraining_docs(world: World, spec: PretrainSpec, seed: int) -> list[tuple[list[tuple[str, bool]], bool]]:
+    """``spec.n_transcripts`` transcripts of train questions (and, with ``spec.passage_docs``, every
+    passage once, fully trained), shuffled, as ``(segments, drop_decision)``: ``drop_decision`` marks
+    searching transcripts whose decision token ("need" in :data:`SEARCH_OPENING`) is left out of the
+    loss, so the learned prior to search is ``p_search``."""
     if not world.train:
         raise ValueError("the world has no train questions; pretraining needs some")
     if not 0.0 < spec.p_search <= spec.search_fraction < 1.0:
@@ -189,10 +233,12 @@ def pretraining_texts(world: World, spec: PretrainSpec, seed: int) -> list[tuple
     rng, fmt, search = random.Random(seed), make_format(spec.prompt), Bm25Search(world.passages)
     f, p = spec.search_fraction, spec.p_search
     keep = p * (1 - f) / (f * (1 - p))  # P(decision trained | searching): f*keep / (f*keep + 1-f) = p
-    docs = [(passage.contents, False) for passage in world.passages]
+    docs = [([(passage.contents, True)], False) for passage in world.passages] if spec.passage_docs else []
+    rename = Renamer(world) if spec.rename else None
     for n in range(spec.n_transcripts):
-        text = synthesize_transcript(world, world.train[n % len(world.train)], fmt, search, spec, rng)
-        docs.append((text, SEARCH_OPENING in text and rng.random() >= keep))
+        segments = synthesize_transcript(world, world.train[n % len(world.train)], fmt, search, spec, rng)
+        segments = rename(segments, rng) if rename else segments
+        docs.append((segments, segments[1][0].startswith(SEARCH_OPENING) and rng.random() >= keep))
     rng.shuffle(docs)
     return docs
 
@@ -202,11 +248,12 @@ def pretraining_texts(world: World, spec: PretrainSpec, seed: int) -> list[tuple
 # ---------------------------------------------------------------------------------------------
 
 
-def build_tokenizer(texts: list[str], name_words: set[str]):
-    """A byte-level unigram tokenizer with a vocabulary we choose: every word of ``texts`` (twice or
-    more) except the world's names is one token; names are spelt with one token per syllable of
-    :data:`SYLLABLES`; years are two tokens ("Ġ18", "06"); any other text falls back to bytes.
-    Protocol tags are single added (non-special) tokens; ``<|endoftext|>`` is eos/bos, ``<|pad|>`` pad."""
+def build_tokenizer(texts: list[str], stems: list[str]):
+    """A byte-level unigram tokenizer with a vocabulary we choose: every word of ``texts`` seen twice
+    or more is one token, except invented names; each invented stem is one token, city and country
+    suffixes and the halves of years ("Ġ18", "06") are tokens, so every name and year is two tokens.
+    Anything else falls back to bytes. Protocol tags are single added (non-special) tokens;
+    ``<|endoftext|>`` is eos (and bos), ``<|pad|>`` pad."""
     from collections import Counter
 
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
@@ -216,10 +263,10 @@ def build_tokenizer(texts: list[str], name_words: set[str]):
     extra = [TINY_INSTRUCTION, SearchR1Format().user_content(Question("x", "x", ("x",))),
              SearchR1Format().render_invalid(), SearchR1Format().render_error("no results")]
     counts = Counter(w for t in [*texts, *extra] for w, _ in byte_level.pre_tokenize_str(_strip_tags(t)))
-    excluded = {"Ġ" + w for w in name_words} | set(name_words)
-    words = sorted(w for w, n in counts.items() if n >= 2 and w not in excluded and not w.lstrip("Ġ").isdigit())
-    pieces = [p + syl.capitalize() for syl in SYLLABLES for p in ("Ġ", "")] + SYLLABLES + COUNTRY_SUFFIXES
+    pieces = [p + stem for stem in stems for p in ("Ġ", "")] + CITY_SUFFIXES + COUNTRY_SUFFIXES
     pieces += [f"Ġ{c}" for c in range(1, 21)] + [f"{n:02d}" for n in range(100)]
+    names = set(stems) | {s + suffix for s in stems for suffix in CITY_SUFFIXES + COUNTRY_SUFFIXES}
+    words = sorted(w for w, n in counts.items() if n >= 2 and w.lstrip("Ġ") not in names and not w.lstrip("Ġ").isdigit())
     vocab = [(EOS, 0.0), (PAD, 0.0)] + [(c, -12.0) for c in sorted(pre_tokenizers.ByteLevel.alphabet())]
     seen = {v for v, _ in vocab}
     for group, score in ((words, -2.0), (pieces, -3.0)):
@@ -254,14 +301,37 @@ def build_model(spec: TinyModelSpec, tokenizer, seed: int):
     return LlamaForCausalLM(config)
 
 
-def _decision_labels(ids: list[int], opening: list[int]) -> list[int]:
-    """Labels = ids, with the last token of the first ``opening`` occurrence set to -100."""
-    labels = list(ids)
-    for i in range(len(ids) - len(opening) + 1):
-        if ids[i:i + len(opening)] == opening:
-            labels[i + len(opening) - 1] = -100
-            return labels
-    raise ValueError("a searching transcript lacks its opening tokens")  # a synthesis bug
+def encode_docs(tokenizer, docs, opening: list[int], train_injected: bool = False) -> list[tuple[list[int], list[int]]]:
+    """Tokenise every segment on its own (as the rollout does) into ``(ids, labels)``; labels are
+    -100 on injected segments (unless ``train_injected``; the prompt is never trained) and, for ``drop_decision`` documents, on the decision token (the last
+    token of ``opening`` at the start of the first trained segment)."""
+    flat = [text for segments, _ in docs for text, _ in segments]
+    seg_ids = iter(tokenizer(flat, add_special_tokens=False)["input_ids"])
+    out = []
+    for segments, drop in docs:
+        ids, labels, first = [], [], True
+        for n, (_, trained) in enumerate(segments):
+            x = next(seg_ids)
+            y = list(x) if trained or (train_injected and n > 0) else [-100] * len(x)
+            if trained and first and drop:
+                if x[:len(opening)] != opening:
+                    raise ValueError("a searching transcript lacks its opening tokens")  # a synthesis bug
+                y[len(opening) - 1] = -100
+            first = first and not trained
+            ids, labels = ids + x, labels + y
+        out.append((ids, labels))
+    return out
+
+
+def bucket_rows(docs: list[tuple[list[int], list[int]]], batch_size: int, eos_id: int,
+                rng: random.Random) -> list[tuple[list[int], list[int]]]:
+    """One document (+ eos) per row, ordered so that each run of ``batch_size`` rows holds documents
+    of similar length (little padding) while the order of the batches is random. A row never shows
+    another transcript's names, which would only confuse a model learning to copy them."""
+    order = sorted(range(len(docs)), key=lambda i: len(docs[i][0]))
+    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    rng.shuffle(batches)
+    return [(docs[i][0] + [eos_id], docs[i][1] + [eos_id]) for batch in batches for i in batch]
 
 
 def pack_rows(docs: list[tuple[list[int], list[int]]], seq_len: int, eos_id: int) -> list[tuple[list[int], list[int]]]:
@@ -295,43 +365,73 @@ def _batch_tensors(batch: list[tuple[list[int], list[int]]], pad_id: int):
     return input_ids_BT, labels_BT, mask_BT
 
 
+def copy_drill_rows(token_ids: list[int], n_rows: int, rng: random.Random, sep_id: int):
+    """Copy warm-up rows: ``x_1..x_n, noise, sep, x_1..x_n`` of random content tokens, the loss on the
+    repeat only. They grow the induction (copy) heads in a few hundred cheap steps; on the world's
+    text alone that takes far longer than the pretraining budget."""
+    rows = []
+    for _ in range(n_rows):
+        seq = [rng.choice(token_ids) for _ in range(rng.randint(3, 8))]
+        noise = [rng.choice(token_ids) for _ in range(rng.randint(0, 6))]
+        head = seq + noise + [sep_id]
+        rows.append((head + seq, [-100] * len(head) + seq))
+    return rows
+
+
 def pretrain_tiny(world: World, out_dir: str | Path, model_spec: TinyModelSpec = TinyModelSpec(),
                   spec: PretrainSpec = PretrainSpec(), seed: int = 0, log=print, callback=None) -> dict:
-    """Build tokenizer + model, train one epoch of causal-LM loss on the packed documents, save to
-    ``out_dir`` with ``save_pretrained``. ``callback(step, steps, model, tokenizer)`` runs after each
-    step (for benchmarks). Returns a summary dict (also written as ``sleuth_tiny.json``)."""
+    """Build tokenizer + model; train ``spec.drill_steps`` copy warm-up steps, then one epoch of
+    causal-LM loss on the packed world documents; save to ``out_dir`` with ``save_pretrained``.
+    ``callback(step, steps, model, tokenizer)`` runs after each world step (for benchmarks).
+    Returns a summary dict (also written as ``sleuth_tiny.json``)."""
     import torch
 
     t0 = time.time()
     torch.set_num_threads(spec.threads)
-    docs = pretraining_texts(world, spec, seed)
-    tokenizer = build_tokenizer([text for text, _ in docs], world.name_words())
+    rng = random.Random(seed)
+    docs = pretraining_docs(world, spec, seed)
+    # The vocabulary: the passages and a sample of transcripts hold every word the templates use.
+    sample = [text for segments, _ in docs[:1000] for text, _ in segments]
+    tokenizer = build_tokenizer([p.contents for p in world.passages] + sample, world.stems)
     model = build_model(model_spec, tokenizer, seed)
     opening = tokenizer(SEARCH_OPENING, add_special_tokens=False)["input_ids"][:3]  # <think> I need
-    ids = tokenizer([text for text, _ in docs], add_special_tokens=False)["input_ids"]
-    rows = pack_rows([(x, _decision_labels(x, opening) if drop else x) for x, (_, drop) in zip(ids, docs)],
-                     spec.seq_len, tokenizer.eos_token_id)
+    encoded = encode_docs(tokenizer, docs, opening, train_injected=spec.train_injected)
+    if spec.pack:
+        rows = pack_rows(encoded, spec.seq_len, tokenizer.eos_token_id)
+    else:
+        rows = bucket_rows(encoded, spec.batch_size, tokenizer.eos_token_id, rng)
+    content = sorted({t for x, _ in encoded for t in x} - set(tokenizer.all_special_ids))
+    drill = copy_drill_rows(content, spec.drill_steps * spec.drill_batch_size, rng, tokenizer.eos_token_id)
     steps = math.ceil(len(rows) / spec.batch_size)
+    mix = copy_drill_rows(content, steps * spec.drill_mix, rng, tokenizer.eos_token_id)
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay, betas=(0.9, 0.98))
     warmup = max(1, int(spec.warmup_frac * steps))
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda i: min((i + 1) / warmup, 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * i / steps))))
+    drill_lr = lambda i: min(1.0, (i + 1) / 50)  # noqa: E731
+    world_lr = lambda i: min((i + 1) / warmup, 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * i / steps)))  # noqa: E731
     model.train()
     losses, t_train = [], time.time()
-    for step in range(steps):
-        input_ids_BT, labels_BT, mask_BT = _batch_tensors(
-            rows[step * spec.batch_size:(step + 1) * spec.batch_size], tokenizer.pad_token_id)
-        loss = model(input_ids=input_ids_BT, attention_mask=mask_BT, labels=labels_BT).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.item())
-        if log and (step % 100 == 0 or step == steps - 1):
-            log(f"tiny pretrain step {step + 1}/{steps} loss {loss.item():.3f} ({time.time() - t0:.0f}s)")
-        if callback is not None:
-            callback(step, steps, model, tokenizer)
+    for phase, phase_rows, bs, n_steps, lr_at in (("drill", drill, spec.drill_batch_size, spec.drill_steps, drill_lr),
+                                                  ("world", rows, spec.batch_size, steps, world_lr)):
+        for step in range(n_steps):
+            for group in opt.param_groups:
+                group["lr"] = spec.lr * lr_at(step)
+            batch = phase_rows[step * bs:(step + 1) * bs]
+            if phase == "world":
+                batch = batch + mix[step * spec.drill_mix:(step + 1) * spec.drill_mix]
+            input_ids_BT, labels_BT, mask_BT = _batch_tensors(batch, tokenizer.pad_token_id)
+            loss = model(input_ids=input_ids_BT, attention_mask=mask_BT, labels=labels_BT).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+            if phase == "drill" and len(losses) >= 20 and sum(losses[-20:]) / 20 < spec.drill_stop_loss:
+                log and log(f"tiny pretrain copy warm-up done after {step + 1} steps (loss {losses[-1]:.3f})")
+                break
+            if log and (step % 100 == 0 or step == n_steps - 1):
+                log(f"tiny pretrain {phase} step {step + 1}/{n_steps} loss {loss.item():.3f} ({time.time() - t0:.0f}s)")
+            if callback is not None and phase == "world":
+                callback(step, steps, model, tokenizer)
     model.eval()
     out = Path(out_dir)
     model.save_pretrained(out)

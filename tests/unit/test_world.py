@@ -5,13 +5,16 @@ import json
 import pytest
 
 from sleuth.data.world import (
-    CLAIMS,
+    CITY_SUFFIXES,
+    NEEDS,
+    PHRASES,
     QUESTION_TYPES,
     RELATIONS,
     SYLLABLES,
     claim_text,
     generate_world,
     need_text,
+    said_text,
 )
 from sleuth.types import Passage
 
@@ -34,11 +37,12 @@ def _gold_passage(world, subject, relation):
 def test_claim_and_need_wording():
     # The sentence templates, filled by hand.
     assert claim_text("Varnell Works", "founder", "Ida Morrow") == "Varnell Works was founded by Ida Morrow."
-    assert claim_text("Kaso lamp", "invented_year", "1850") == "The Kaso lamp was invented in the year 1850."
-    assert need_text("Ida Morrow", "birthplace") == "where Ida Morrow was born"
-    assert set(CLAIMS) == set(RELATIONS)
+    assert claim_text("Kaso Lamp", "invented_year", "1850") == "Kaso Lamp was invented in the year 1850."
+    assert need_text("Ida Morrow", "birthplace") == "the birthplace of Ida Morrow"
+    assert said_text("founder", "Ida Morrow") == "The passage says: founded by Ida Morrow."
+    assert set(PHRASES) == set(RELATIONS) == set(NEEDS)
     for chain, template in QUESTION_TYPES.values():
-        assert "{s}" in template and all(r in RELATIONS for r in chain)
+        assert template.endswith("{s}?") and all(r in RELATIONS for r in chain)
         if len(chain) == 2:  # the first hop's object is the second hop's subject
             assert RELATIONS[chain[0]][1] == RELATIONS[chain[1]][0]
 
@@ -60,7 +64,9 @@ def test_names_are_syllables_and_unique(world):
     assert [len(world.entities[k]) for k in ("person", "company", "invention", "city")] == [80, 50, 30, 40]
     syl = set(SYLLABLES)
     for city in world.entities["city"]:
-        rest = city.lower()  # every city name is a concatenation of inventory syllables
+        suffix = next(x for x in CITY_SUFFIXES if city.endswith(x))  # a stem + a city suffix
+        assert city[:-len(suffix)] in world.stems
+        rest = city[:-len(suffix)].lower()  # every stem is a concatenation of inventory syllables
         while rest:
             step = next((s for s in sorted(syl, key=len, reverse=True) if rest.startswith(s)), None)
             assert step is not None, city

@@ -1,0 +1,109 @@
+"""The tiny base model's pretraining data: transcripts as trained/injected segments, renaming,
+label masking, packing, and the tokenizer's spelling of names (no model training here)."""
+
+import random
+
+import pytest
+
+from sleuth.data.world import generate_world
+from sleuth.train import tiny
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(scope="module")
+def world():
+    return generate_world(seed=5, n_entities=60)
+
+
+@pytest.fixture(scope="module")
+def search(world):
+    return tiny.Bm25Search(world.passages)
+
+
+def _clean_spec(**kw):
+    """A simulated policy that always searches the right entity and copies the right fact."""
+    return tiny.PretrainSpec(search_fraction=0.999, p_search=0.5, p_query=1.0, p_copy=1.0, **kw)
+
+
+def test_transcript_segments_alternate_and_answer_right(world, search):
+    fmt = tiny.make_format("tiny")
+    for q in world.train[:40]:
+        segments = tiny.synthesize_transcript(world, q, fmt, search, _clean_spec(), random.Random(0))
+        hops = len(q.meta["chain"])
+        # prompt, then (response, observation) per hop, then the final response
+        assert [trained for _, trained in segments] == [False] + [True, False] * hops + [True]
+        assert segments[0][0] == fmt.user_content(q)
+        assert segments[1][0].startswith(tiny.SEARCH_OPENING)
+        assert f"<search> {q.meta['subject']} </search>" in segments[1][0]
+        assert all(text.startswith("\n\n<information>") for text, trained in segments if not trained and text != segments[0][0])
+        assert fmt.extract_answer("".join(text for text, _ in segments[1:])) == q.golden_answers[0]
+
+
+def test_guessing_transcript_has_no_search(world, search):
+    spec = tiny.PretrainSpec(search_fraction=0.001, p_search=0.0005)
+    segments = tiny.synthesize_transcript(world, world.train[0], tiny.make_format("tiny"), search, spec,
+                                          random.Random(0))
+    assert len(segments) == 2 and segments[1][0].startswith(tiny.GUESS_OPENING) and "<search>" not in segments[1][0]
+
+
+def test_renamer_is_one_consistent_permutation(world, search):
+    fmt, rename = tiny.make_format("tiny"), tiny.Renamer(world)
+    q = next(q for q in world.train if len(q.meta["chain"]) == 2)
+    segments = tiny.synthesize_transcript(world, q, fmt, search, _clean_spec(), random.Random(1))
+    renamed = rename(segments, random.Random(7))
+    assert [t for _, t in renamed] == [t for _, t in segments]
+    subject = q.meta["subject"]
+    # The renamed subject: the question's last words, and what the first search asks for.
+    new_question = renamed[0][0]
+    assert subject not in new_question
+    words = subject.split()
+    new_subject = " ".join(new_question.rstrip("?\n").split()[-len(words):])  # questions end with the subject
+    assert new_subject != subject and f"<search> {new_subject} </search>" in renamed[1][0]
+    # Every word of every name is renamed the same way everywhere (a permutation: names stay distinct).
+    answer = fmt.extract_answer("".join(t for t, _ in renamed[1:]))
+    assert answer is not None and answer != q.golden_answers[0]
+    assert answer in renamed[-2][0]  # the observation of the last hop states the renamed answer
+    # Words that are not names are untouched: the same text once names are blanked.
+    import re
+
+    blank = lambda text: re.sub(r"[A-Z][a-z]+", "N", text)  # noqa: E731
+    assert [blank(t) for t, _ in renamed] == [blank(t) for t, _ in segments]
+    # Deterministic by rng, different across draws.
+    assert rename(segments, random.Random(7)) == renamed and rename(segments, random.Random(8)) != renamed
+
+
+def test_tokenizer_spells_names_and_years_in_two_tokens(world):
+    docs = tiny.pretraining_docs(world, tiny.PretrainSpec(n_transcripts=50), seed=0)
+    tok = tiny.build_tokenizer([text for segments, _ in docs for text, _ in segments], world.stems)
+    for name in world.entities["person"][:5] + world.entities["city"][:5] + world.entities["country"][:5]:
+        assert len(tok(" " + name, add_special_tokens=False)["input_ids"]) == 2, name
+    assert tok.convert_ids_to_tokens(tok(" 1859", add_special_tokens=False)["input_ids"]) == ["Ġ18", "59"]
+    for tag in tiny.TAGS:
+        assert len(tok(tag, add_special_tokens=False)["input_ids"]) == 1
+
+
+def test_encode_docs_masks_injected_text_and_the_dropped_decision(world):
+    docs = tiny.pretraining_docs(world, tiny.PretrainSpec(n_transcripts=30), seed=0)
+    tok = tiny.build_tokenizer([text for segments, _ in docs for text, _ in segments], world.stems)
+    opening = tok(tiny.SEARCH_OPENING, add_special_tokens=False)["input_ids"][:3]
+    encoded = tiny.encode_docs(tok, docs, opening)
+    assert any(drop for _, drop in docs) and any(not drop for _, drop in docs)
+    for (segments, drop), (ids, labels) in zip(docs, encoded):
+        lens = [len(tok(t, add_special_tokens=False)["input_ids"]) for t, _ in segments]
+        assert len(ids) == len(labels) == sum(lens)
+        trained = sum(n for n, (_, t) in zip(lens, segments) if t)
+        # every trained token keeps its label except the decision token of a dropped transcript
+        assert sum(y != -100 for y in labels) == trained - (1 if drop else 0)
+        start = lens[0]  # the first response token
+        assert labels[:start] == [-100] * start
+        assert (labels[start + 2] == -100) == drop  # "<think> I need": the decision is the third token
+
+
+def test_pack_rows_by_hand():
+    # docs of 3, 2 and 4 tokens (+ eos each) into rows of at most 7: [3+1, 2+1] = 7, [4+1] = 5
+    docs = [([1, 2, 3], [1, -100, 3]), ([4, 5], [4, 5]), ([6, 7, 8, 9], [6, 7, 8, 9])]
+    rows = tiny.pack_rows(docs, seq_len=7, eos_id=0)
+    assert rows == [([1, 2, 3, 0, 4, 5, 0], [1, -100, 3, 0, 4, 5, 0]), ([6, 7, 8, 9, 0], [6, 7, 8, 9, 0])]
+    with pytest.raises(ValueError, match="seq_len"):
+        tiny.pack_rows([([1] * 9, [1] * 9)], seq_len=7, eos_id=0)
