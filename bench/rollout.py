@@ -104,6 +104,10 @@ class CountingBackend:
         self.calls += 1
         return out
 
+    def session(self):
+        """The wrapped backend's round-to-round reuse (the loop enters it when present)."""
+        return self.inner.session()
+
 
 def run_ours(tok, model, fmt, questions, retriever, cfg) -> dict:
     backend = CountingBackend(HFBackend(model, tok))

