@@ -33,11 +33,11 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from sleuth.data.world import CITY_SUFFIXES, COUNTRY_SUFFIXES, RELATIONS, World, claim_text, need_text, said_text
+from sleuth.data.world import CITY_SUFFIXES, COUNTRY_SUFFIXES, PHRASES, RELATIONS, SYLLABLES, World, claim_text, need_text, said_text
 from sleuth.rollout.formats import SearchR1Format, normalize_question
 from sleuth.types import Passage, Question
 
-TINY_VERSION = 1  # bump when synthesis or training changes: part of the cache key
+TINY_VERSION = 2  # bump when synthesis or training changes: part of the cache key
 TAGS = ["<think>", "</think>", "<search>", "</search>", "<information>", "</information>", "<answer>", "</answer>"]
 EOS, PAD = "<|endoftext|>", "<|pad|>"
 TINY_INSTRUCTION = "Answer the question. Search for facts if you must. Question: {question}\n"
@@ -54,10 +54,10 @@ class TinySearchR1Format(SearchR1Format):
 
 @dataclass(frozen=True)
 class TinyModelSpec:
-    """A Llama-architecture decoder; ~1.5M parameters at the defaults (with a ~3k vocabulary)."""
+    """A Llama-architecture decoder; ~0.4M parameters at the defaults (with a ~1.8k vocabulary)."""
 
-    hidden_size: int = 128
-    intermediate_size: int = 512
+    hidden_size: int = 64
+    intermediate_size: int = 256
     num_hidden_layers: int = 4
     num_attention_heads: int = 4
     max_position_embeddings: int = 512
@@ -68,7 +68,7 @@ class PretrainSpec:
     """Data synthesis and optimisation settings of the pretraining run."""
 
     prompt: str = "tiny"  # "tiny" (TINY_INSTRUCTION) or "search_r1" (Search-R1's exact instruction)
-    n_transcripts: int = 6000
+    n_transcripts: int = 12000
     search_fraction: float = 0.7  # transcripts that search (the rest guess without searching)
     p_search: float = 0.35  # the learned prior to search: the decision token's loss is dropped in
     # some searching transcripts so that P(search) = p_search while most transcripts show the skills
@@ -77,19 +77,20 @@ class PretrainSpec:
     topk: int = 3  # passages per search in the observations
     seq_len: int = 512
     pack: bool = False  # pack documents into seq_len rows (else one document per row, length-bucketed)
-    batch_size: int = 8  # rows per step
+    batch_size: int = 24  # rows per step
     lr: float = 3e-3
     drill_steps: int = 1500  # copy warm-up steps at most, before the world documents (0 = none)
     drill_stop_loss: float = 0.3  # the warm-up ends early once its mean loss over 20 steps is below this
     drill_batch_size: int = 32
     drill_mix: int = 8  # copy rows added to every world batch, so the copy heads stay in use
     passage_docs: bool = False  # also train on every passage as a document (world knowledge)
+    syllable_tokens: bool = False  # spell names by syllable tokens (else one token per stem)
     rename: bool = True  # rename the invented names of every transcript at random (see Renamer)
     train_injected: bool = True  # language-model loss on observations too: the names they repeat
     # ("Doc 1(Title: "X") X was ...") are dense copy practice, which grows the copy heads
     weight_decay: float = 0.05
     warmup_frac: float = 0.05
-    threads: int = 2
+    threads: int = 1  # tiny ops: one thread beats two (4x on a busy 2-core machine)
 
 
 def make_format(prompt: str) -> SearchR1Format:
@@ -154,9 +155,9 @@ def synthesize_transcript(world: World, q: Question, fmt, search: Bm25Search, sp
     ``(text, trained)`` segments: the prompt and the observations are injected (not trained), the
     policy's own text is trained, exactly as in a rollout:
 
-    ``<think> I need to find who founded X. </think>`` ``<search> X </search>`` observation
+    ``<think> I need to find who founded X. </think>`` ``<search> who founded X </search>`` observation
     ``<think> The passage says: founded by P. </think>`` then ``<answer> P </answer>`` (or, for a
-    two-hop question, ``<search> P </search>`` and one more round); or, without searching,
+    two-hop question, ``<search> founded by P </search>`` and one more round); or, without searching,
     ``<think> I know the answer. </think> <answer> guess </answer>``.
     """
     chain, subject = q.meta["chain"], q.meta["subject"]
@@ -168,15 +169,18 @@ def synthesize_transcript(world: World, q: Question, fmt, search: Bm25Search, sp
     s = subject
     for hop, rel in enumerate(chain):
         kind, obj_kind = RELATIONS[rel]
-        query = s if rng.random() < spec.p_query else _wrong_query(world, s, kind, rng)
+        target = s if rng.random() < spec.p_query else _wrong_query(world, s, kind, rng)
+        # The query repeats the words just said before the name (the need, then what the passage
+        # said), so writing it is a continuation of earlier text, not a jump to a far name.
+        query = need_text(target, rel) if hop == 0 else " ".join([*PHRASES[chain[hop - 1]][1].split()[-2:], target])
         docs = search.search([query], spec.topk)[0]
         segments += [(text + f"<search> {query} </search>", True), (fmt.render_observation([(query, docs)]), False)]
         true_obj = world.facts.get((s, rel))
         found = true_obj is not None and any(claim_text(s, rel, true_obj) in d.text for d in docs)
         if found and rng.random() < spec.p_copy:
             obj = true_obj
-        elif (query, rel) in world.facts and rng.random() < 0.5:
-            obj = world.facts[(query, rel)]  # the fact of the entity it searched by mistake
+        elif (target, rel) in world.facts and rng.random() < 0.5:
+            obj = world.facts[(target, rel)]  # the fact of the entity it searched by mistake
         else:
             obj = _random_object(world, obj_kind, rng)
         text = f"<think> {said_text(rel, obj)} </think>\n"
@@ -248,7 +252,7 @@ def pretraining_docs(world: World, spec: PretrainSpec, seed: int) -> list[tuple[
 # ---------------------------------------------------------------------------------------------
 
 
-def build_tokenizer(texts: list[str], stems: list[str]):
+def build_tokenizer(texts: list[str], stems: list[str], syllables: bool = False):
     """A byte-level unigram tokenizer with a vocabulary we choose: every word of ``texts`` seen twice
     or more is one token, except invented names; each invented stem is one token, city and country
     suffixes and the halves of years ("Ġ18", "06") are tokens, so every name and year is two tokens.
@@ -263,7 +267,11 @@ def build_tokenizer(texts: list[str], stems: list[str]):
     extra = [TINY_INSTRUCTION, SearchR1Format().user_content(Question("x", "x", ("x",))),
              SearchR1Format().render_invalid(), SearchR1Format().render_error("no results")]
     counts = Counter(w for t in [*texts, *extra] for w, _ in byte_level.pre_tokenize_str(_strip_tags(t)))
-    pieces = [p + stem for stem in stems for p in ("Ġ", "")] + CITY_SUFFIXES + COUNTRY_SUFFIXES
+    if syllables:  # names spelt syllable by syllable: every piece is common, names are 2-6 tokens
+        pieces = [p + syl.capitalize() for syl in SYLLABLES for p in ("Ġ", "")] + SYLLABLES
+        pieces += CITY_SUFFIXES + COUNTRY_SUFFIXES
+    else:
+        pieces = [p + stem for stem in stems for p in ("Ġ", "")] + CITY_SUFFIXES + COUNTRY_SUFFIXES
     pieces += [f"Ġ{c}" for c in range(1, 21)] + [f"{n:02d}" for n in range(100)]
     names = set(stems) | {s + suffix for s in stems for suffix in CITY_SUFFIXES + COUNTRY_SUFFIXES}
     words = sorted(w for w, n in counts.items() if n >= 2 and w.lstrip("Ġ") not in names and not w.lstrip("Ġ").isdigit())
@@ -392,7 +400,7 @@ def pretrain_tiny(world: World, out_dir: str | Path, model_spec: TinyModelSpec =
     docs = pretraining_docs(world, spec, seed)
     # The vocabulary: the passages and a sample of transcripts hold every word the templates use.
     sample = [text for segments, _ in docs[:1000] for text, _ in segments]
-    tokenizer = build_tokenizer([p.contents for p in world.passages] + sample, world.stems)
+    tokenizer = build_tokenizer([p.contents for p in world.passages] + sample, world.stems, spec.syllable_tokens)
     model = build_model(model_spec, tokenizer, seed)
     opening = tokenizer(SEARCH_OPENING, add_special_tokens=False)["input_ids"][:3]  # <think> I need
     encoded = encode_docs(tokenizer, docs, opening, train_injected=spec.train_injected)

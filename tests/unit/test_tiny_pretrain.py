@@ -35,7 +35,7 @@ def test_transcript_segments_alternate_and_answer_right(world, search):
         assert [trained for _, trained in segments] == [False] + [True, False] * hops + [True]
         assert segments[0][0] == fmt.user_content(q)
         assert segments[1][0].startswith(tiny.SEARCH_OPENING)
-        assert f"<search> {q.meta['subject']} </search>" in segments[1][0]
+        assert f"<search> {tiny.need_text(q.meta['subject'], q.meta['chain'][0])} </search>" in segments[1][0]
         assert all(text.startswith("\n\n<information>") for text, trained in segments if not trained and text != segments[0][0])
         assert fmt.extract_answer("".join(text for text, _ in segments[1:])) == q.golden_answers[0]
 
@@ -59,7 +59,7 @@ def test_renamer_is_one_consistent_permutation(world, search):
     assert subject not in new_question
     words = subject.split()
     new_subject = " ".join(new_question.rstrip("?\n").split()[-len(words):])  # questions end with the subject
-    assert new_subject != subject and f"<search> {new_subject} </search>" in renamed[1][0]
+    assert new_subject != subject and f"{new_subject} </search>" in renamed[1][0]
     # Every word of every name is renamed the same way everywhere (a permutation: names stay distinct).
     answer = fmt.extract_answer("".join(t for t, _ in renamed[1:]))
     assert answer is not None and answer != q.golden_answers[0]
