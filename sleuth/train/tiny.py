@@ -33,7 +33,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from sleuth.data.world import CITY_SUFFIXES, COUNTRY_SUFFIXES, PHRASES, RELATIONS, SYLLABLES, World, claim_text, need_text, said_text
+from sleuth.data.world import CITY_SUFFIXES, COUNTRY_SUFFIXES, PHRASES, RELATIONS, World, claim_text, need_text, said_text
 from sleuth.rollout.formats import SearchR1Format, normalize_question
 from sleuth.types import Passage, Question
 
@@ -84,7 +84,6 @@ class PretrainSpec:
     drill_batch_size: int = 32
     drill_mix: int = 8  # copy rows added to every world batch, so the copy heads stay in use
     passage_docs: bool = False  # also train on every passage as a document (world knowledge)
-    syllable_tokens: bool = False  # spell names by syllable tokens (else one token per stem)
     rename: bool = True  # rename the invented names of every transcript at random (see Renamer)
     train_injected: bool = True  # language-model loss on observations too: the names they repeat
     # ("Doc 1(Title: "X") X was ...") are dense copy practice, which grows the copy heads
@@ -252,7 +251,7 @@ def pretraining_docs(world: World, spec: PretrainSpec, seed: int) -> list[tuple[
 # ---------------------------------------------------------------------------------------------
 
 
-def build_tokenizer(texts: list[str], stems: list[str], syllables: bool = False):
+def build_tokenizer(texts: list[str], stems: list[str]):
     """A byte-level unigram tokenizer with a vocabulary we choose: every word of ``texts`` seen twice
     or more is one token, except invented names; each invented stem is one token, city and country
     suffixes and the halves of years ("Ġ18", "06") are tokens, so every name and year is two tokens.
@@ -267,11 +266,7 @@ def build_tokenizer(texts: list[str], stems: list[str], syllables: bool = False)
     extra = [TINY_INSTRUCTION, SearchR1Format().user_content(Question("x", "x", ("x",))),
              SearchR1Format().render_invalid(), SearchR1Format().render_error("no results")]
     counts = Counter(w for t in [*texts, *extra] for w, _ in byte_level.pre_tokenize_str(_strip_tags(t)))
-    if syllables:  # names spelt syllable by syllable: every piece is common, names are 2-6 tokens
-        pieces = [p + syl.capitalize() for syl in SYLLABLES for p in ("Ġ", "")] + SYLLABLES
-        pieces += CITY_SUFFIXES + COUNTRY_SUFFIXES
-    else:
-        pieces = [p + stem for stem in stems for p in ("Ġ", "")] + CITY_SUFFIXES + COUNTRY_SUFFIXES
+    pieces = [p + stem for stem in stems for p in ("Ġ", "")] + CITY_SUFFIXES + COUNTRY_SUFFIXES
     pieces += [f"Ġ{c}" for c in range(1, 21)] + [f"{n:02d}" for n in range(100)]
     names = set(stems) | {s + suffix for s in stems for suffix in CITY_SUFFIXES + COUNTRY_SUFFIXES}
     words = sorted(w for w, n in counts.items() if n >= 2 and w.lstrip("Ġ") not in names and not w.lstrip("Ġ").isdigit())
@@ -400,7 +395,7 @@ def pretrain_tiny(world: World, out_dir: str | Path, model_spec: TinyModelSpec =
     docs = pretraining_docs(world, spec, seed)
     # The vocabulary: the passages and a sample of transcripts hold every word the templates use.
     sample = [text for segments, _ in docs[:1000] for text, _ in segments]
-    tokenizer = build_tokenizer([p.contents for p in world.passages] + sample, world.stems, spec.syllable_tokens)
+    tokenizer = build_tokenizer([p.contents for p in world.passages] + sample, world.stems)
     model = build_model(model_spec, tokenizer, seed)
     opening = tokenizer(SEARCH_OPENING, add_special_tokens=False)["input_ids"][:3]  # <think> I need
     encoded = encode_docs(tokenizer, docs, opening, train_injected=spec.train_injected)

@@ -107,3 +107,17 @@ def test_pack_rows_by_hand():
     assert rows == [([1, 2, 3, 0, 4, 5, 0], [1, -100, 3, 0, 4, 5, 0]), ([6, 7, 8, 9, 0], [6, 7, 8, 9, 0])]
     with pytest.raises(ValueError, match="seq_len"):
         tiny.pack_rows([([1] * 9, [1] * 9)], seq_len=7, eos_id=0)
+
+
+def test_pretrain_tiny_saves_a_loadable_model_that_fits_its_data(world, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    spec = tiny.PretrainSpec(n_transcripts=40, batch_size=8, drill_steps=3, drill_batch_size=4, drill_mix=1)
+    model_spec = tiny.TinyModelSpec(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2)
+    summary = tiny.pretrain_tiny(world, tmp_path, model_spec, spec, seed=0, log=None)
+    model, tok = AutoModelForCausalLM.from_pretrained(tmp_path), AutoTokenizer.from_pretrained(tmp_path)
+    assert summary["steps"] == 5 and summary["num_parameters"] == sum(p.numel() for p in model.parameters())
+    # even 8 steps bring the loss below ln(vocab), the loss of a uniform guess
+    assert summary["final_loss"] < torch.log(torch.tensor(float(len(tok)))).item()
+    assert all(len(tok(t, add_special_tokens=False)["input_ids"]) == 1 for t in tiny.TAGS)
