@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from sleuth.data.world import generate_world
+from sleuth.data.world import generate_world, need_text
 from sleuth.train import tiny
 
 pytestmark = pytest.mark.unit
@@ -35,7 +35,7 @@ def test_transcript_segments_alternate_and_answer_right(world, search):
         assert [trained for _, trained in segments] == [False] + [True, False] * hops + [True]
         assert segments[0][0] == fmt.user_content(q)
         assert segments[1][0].startswith(tiny.SEARCH_OPENING)
-        assert f"<search> {tiny.need_text(q.meta['subject'], q.meta['chain'][0])} </search>" in segments[1][0]
+        assert f"<search> {need_text(q.meta['subject'], q.meta['chain'][0])} </search>" in segments[1][0]
         assert all(text.startswith("\n\n<information>") for text, trained in segments if not trained and text != segments[0][0])
         assert fmt.extract_answer("".join(text for text, _ in segments[1:])) == q.golden_answers[0]
 

@@ -1,0 +1,186 @@
+"""Pretraining data of the tiny base model: protocol-shaped transcripts of the toy world.
+
+The simulated policy is deliberately unreliable: it answers without searching with probability
+``1 - p_search`` (a guess of the right type), searches the right entity with probability
+``p_query`` (else another entity or a partial name), and copies the fact from the passages with
+probability ``p_copy`` (else another entity of the right type). Transcripts are ``(text, trained)``
+segments, tokenised segment by segment as in a rollout; every invented name is renamed at random
+per transcript (:class:`Renamer`) so names are copied, never memorised.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import TYPE_CHECKING
+
+from sleuth.data.world import CITY_SUFFIXES, COUNTRY_SUFFIXES, PHRASES, RELATIONS, World, claim_text, need_text, said_text
+from sleuth.rollout.formats import SearchR1Format, normalize_question
+from sleuth.types import Passage, Question
+
+if TYPE_CHECKING:
+    from sleuth.train.tiny import PretrainSpec
+
+TINY_INSTRUCTION = "Answer the question. Search for facts if you must. Question: {question}\n"
+
+
+class TinySearchR1Format(SearchR1Format):
+    """Search-R1 tags and observations with the short :data:`TINY_INSTRUCTION` prompt."""
+
+    name = "search_r1_tiny"
+
+    def user_content(self, question: Question) -> str:
+        return TINY_INSTRUCTION.format(question=normalize_question(question.text))
+
+
+def make_format(prompt: str) -> SearchR1Format:
+    """The protocol format matching a pretraining prompt style."""
+    if prompt not in ("tiny", "search_r1"):
+        raise ValueError(f"PretrainSpec.prompt must be 'tiny' or 'search_r1', got {prompt!r}")
+    return TinySearchR1Format() if prompt == "tiny" else SearchR1Format()
+
+
+class Bm25Search:
+    """BM25 (bm25s, Lucene k1=0.9 b=0.4, English stemmer and stopwords) over a passage list,
+    with a query cache. Satisfies the ``Retriever`` protocol."""
+
+    def __init__(self, passages: list[Passage]):
+        import bm25s
+        import Stemmer
+
+        self.passages, self._stemmer = list(passages), Stemmer.Stemmer("english")
+        corpus_tokens = bm25s.tokenize([f"{p.title}\n{p.text}" for p in self.passages], stopwords="en",
+                                       stemmer=self._stemmer, show_progress=False)
+        self._bm25 = bm25s.BM25(method="lucene", k1=0.9, b=0.4)
+        self._bm25.index(corpus_tokens, show_progress=False)
+        self._cache: dict[tuple[str, int], list[Passage]] = {}
+
+    def search(self, queries: list[str], k: int) -> list[list[Passage]]:
+        import bm25s
+
+        out = []
+        for q in queries:
+            if (q, k) not in self._cache:
+                terms = bm25s.tokenize([q], stopwords="en", stemmer=self._stemmer, return_ids=False,
+                                       show_progress=False)
+                docs, scores = self._bm25.retrieve(terms, k=min(k, len(self.passages)), show_progress=False)
+                self._cache[(q, k)] = [Passage(self.passages[i].id, self.passages[i].title, self.passages[i].text,
+                                               float(s)) for i, s in zip(docs[0], scores[0]) if s > 0]
+            out.append(self._cache[(q, k)])
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Transcripts
+# ---------------------------------------------------------------------------------------------
+
+
+def _random_object(world: World, kind: str, rng: random.Random) -> str:
+    if kind == "year":
+        return str(rng.randint(1750, 2000))
+    pool = [e for e in world.entities[kind] if world.split_of.get(e, "train") == "train"]
+    return rng.choice(pool)
+
+
+def _wrong_query(world: World, subject: str, kind: str, rng: random.Random) -> str:
+    if rng.random() < 0.3 and " " in subject:
+        return subject.split(" ")[0]  # a partial name (a shared first name or company stem)
+    pool = [e for e in world.entities[kind] if e != subject and world.split_of.get(e) == "train"]
+    return rng.choice(pool)
+
+
+def synthesize_transcript(world: World, q: Question, fmt, search: Bm25Search, spec: PretrainSpec,
+                          rng: random.Random) -> list[tuple[str, bool]]:
+    """One transcript in the Search-R1 layout from the unreliable simulated policy, as
+    ``(text, trained)`` segments: the prompt and the observations are injected (not trained), the
+    policy's own text is trained, exactly as in a rollout:
+
+    ``<think> I need to find who founded X. </think>`` ``<search> who founded X </search>`` observation
+    ``<think> The passage says: founded by P. </think>`` then ``<answer> P </answer>`` (or, for a
+    two-hop question, ``<search> founded by P </search>`` and one more round); or, without searching,
+    ``<think> I know the answer. </think> <answer> guess </answer>``.
+    """
+    chain, subject = q.meta["chain"], q.meta["subject"]
+    segments = [(fmt.user_content(q), False)]
+    if rng.random() >= spec.search_fraction:
+        guess = _random_object(world, q.meta["answer_kind"], rng)
+        return segments + [(f"{GUESS_OPENING} </think>\n<answer> {guess} </answer>", True)]
+    text = f"{SEARCH_OPENING} {need_text(subject, chain[0])}. </think>\n"
+    s = subject
+    for hop, rel in enumerate(chain):
+        kind, obj_kind = RELATIONS[rel]
+        target = s if rng.random() < spec.p_query else _wrong_query(world, s, kind, rng)
+        # The query repeats the words just said before the name (the need, then what the passage
+        # said), so writing it is a continuation of earlier text, not a jump to a far name.
+        query = need_text(target, rel) if hop == 0 else " ".join([*PHRASES[chain[hop - 1]][1].split()[-2:], target])
+        docs = search.search([query], spec.topk)[0]
+        segments += [(text + f"<search> {query} </search>", True), (fmt.render_observation([(query, docs)]), False)]
+        true_obj = world.facts.get((s, rel))
+        found = true_obj is not None and any(claim_text(s, rel, true_obj) in d.text for d in docs)
+        if found and rng.random() < spec.p_copy:
+            obj = true_obj
+        elif (target, rel) in world.facts and rng.random() < 0.5:
+            obj = world.facts[(target, rel)]  # the fact of the entity it searched by mistake
+        else:
+            obj = _random_object(world, obj_kind, rng)
+        text = f"<think> {said_text(rel, obj)} </think>\n"
+        s = obj  # the next hop searches what this one found
+    return segments + [(text + f"<answer> {obj} </answer>", True)]
+
+
+class Renamer:
+    """Renames every invented name in a transcript by one random permutation of the world's stems
+    (``Tonpo Munbu`` -> ``Gasel Dofin``, ``Vonsinport`` -> ``Kadoport``), the same way in the question,
+    the queries, the passages and the answer. Names then carry nothing to memorise: the only way to
+    predict a query or an answer is to copy it from the context, and every stem (test ones too) is
+    a copy target during pretraining, so none is learnt as "never said"."""
+
+    def __init__(self, world: World):
+        import re
+
+        self.stems, stem_set = list(world.stems), set(world.stems)
+        self.parts: dict[str, tuple[str, str]] = {}
+        for names in world.entities.values():
+            for word in (w for name in names for w in name.split()):
+                if word in stem_set:
+                    self.parts[word] = (word, "")
+                for suffix in CITY_SUFFIXES + COUNTRY_SUFFIXES:
+                    if word.endswith(suffix) and word[:-len(suffix)] in stem_set:
+                        self.parts[word] = (word[:-len(suffix)], suffix)
+        self._word = re.compile(r"[A-Z][a-z]+")
+
+    def __call__(self, segments: list[tuple[str, bool]], rng: random.Random) -> list[tuple[str, bool]]:
+        shuffled = self.stems[:]
+        rng.shuffle(shuffled)
+        perm = dict(zip(self.stems, shuffled))
+
+        def swap(m) -> str:
+            parts = self.parts.get(m.group(0))
+            return m.group(0) if parts is None else perm[parts[0]] + parts[1]
+
+        return [(self._word.sub(swap, text), trained) for text, trained in segments]
+
+
+SEARCH_OPENING = "<think> I need to find"  # how every searching transcript starts
+GUESS_OPENING = "<think> I know the answer."  # how every guessing transcript starts
+
+
+def pretraining_docs(world: World, spec: PretrainSpec, seed: int) -> list[tuple[list[tuple[str, bool]], bool]]:
+    """``spec.n_transcripts`` transcripts of train questions (and, with ``spec.passage_docs``, every
+    passage once, fully trained), shuffled, as ``(segments, drop_decision)``: ``drop_decision`` marks
+    searching transcripts whose decision token ("need" in :data:`SEARCH_OPENING`) is left out of the
+    loss, so the learned prior to search is ``p_search``."""
+    if not world.train:
+        raise ValueError("the world has no train questions; pretraining needs some")
+    if not 0.0 < spec.p_search <= spec.search_fraction < 1.0:
+        raise ValueError(f"need 0 < p_search <= search_fraction < 1, got {spec.p_search}, {spec.search_fraction}")
+    rng, fmt, search = random.Random(seed), make_format(spec.prompt), Bm25Search(world.passages)
+    f, p = spec.search_fraction, spec.p_search
+    keep = p * (1 - f) / (f * (1 - p))  # P(decision trained | searching): f*keep / (f*keep + 1-f) = p
+    docs = [([(passage.contents, True)], False) for passage in world.passages] if spec.passage_docs else []
+    rename = Renamer(world) if spec.rename else None
+    for n in range(spec.n_transcripts):
+        segments = synthesize_transcript(world, world.train[n % len(world.train)], fmt, search, spec, rng)
+        segments = rename(segments, rng) if rename else segments
+        docs.append((segments, segments[1][0].startswith(SEARCH_OPENING) and rng.random() >= keep))
+    rng.shuffle(docs)
+    return docs
