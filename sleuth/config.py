@@ -95,6 +95,15 @@ class RolloutConfig:
     """Apply the tokenizer's chat template when it has one; raw text otherwise."""
     final_nudge: str = ""
     """Text injected before the final no-search round (empty = none)."""
+    backend: str = "hf"
+    """Engine for training rollouts: hf (transformers, our batched decode loop) | vllm (an
+    in-process vLLM engine on the trainer's GPU, ``pip install 'sleuth[gpu]'``; one process only;
+    the trainer's weights are pushed into it after every update; its logprobs feed
+    ``algo.tis_cap``). Evaluation always uses the hf backend."""
+    vllm_gpu_memory_utilization: float = 0.3
+    """Share of the GPU's memory vLLM may take (its weights + KV cache); the trainer shares the GPU."""
+    vllm_enforce_eager: bool = False
+    """Run vLLM without CUDA graphs (faster start, slower decode)."""
 
 
 @dataclass

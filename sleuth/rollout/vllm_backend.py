@@ -8,11 +8,39 @@ a stop string (our stop rule); the sampled ids come back as ``CompletionOutput.t
 Logprobs: we ask the engine for ``logprobs_mode="processed_logprobs"`` (vLLM >= 0.10), i.e. after
 temperature, which matches our convention while top-k/top-p are off; older vLLM returns raw
 logprobs (temperature 1) and the engine is built without the option.
+
+Training (``rollout.backend: vllm``, :meth:`VLLMBackend.from_trainer`): the engine is built in
+this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) from the policy's config and tokenizer with
+``load_format="dummy"`` (no checkpoint is written or read), then :meth:`VLLMBackend.sync_weights`
+pushes the trainer's weights into it: at start and after every update. The push calls the vLLM
+model's own ``load_weights`` (which maps Hugging Face names onto its fused layers) through, in
+order of preference: the model runner reached by attribute (V0, and V1 in-process:
+``llm.llm_engine.model_executor.driver_worker.worker.model_runner.model``), or
+``LLM.apply_model`` (V1; ships the weights to the worker when the engine runs in another
+process). The prefix cache is reset after a push: cached keys/values were computed by the old
+weights. LoRA policies (peft) are pushed merged (``W + delta``, computed out of place).
 """
 
 from __future__ import annotations
 
+import os
+
+import torch
+
+from sleuth.cli import UserError
 from sleuth.rollout.backends import GenerationResult, SamplingParams, check_prompts, finish_from_server, row_caps
+
+INSTALL_HINT = "pip install 'sleuth[gpu]' on a CUDA machine, or set rollout.backend=hf"
+# where the model lives in a vLLM engine built in this process (newest first)
+MODEL_PATHS = (
+    "llm_engine.model_executor.driver_worker.worker.model_runner.model",  # V0 >= 0.6; V1 in-process
+    "llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner.model",  # V1
+    "llm_engine.model_executor.driver_worker.model_runner.model",  # older V0
+)
+
+
+class VLLMUnavailable(UserError, ImportError):
+    """vLLM cannot run here (not installed, or no CUDA): printed by the CLI as an input error."""
 
 
 def vllm_available() -> bool:
@@ -24,6 +52,10 @@ def vllm_available() -> bool:
     return True
 
 
+def cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
 class VLLMBackend:
     """Batched generation with an in-process ``vllm.LLM``."""
 
@@ -31,15 +63,63 @@ class VLLMBackend:
         try:
             import vllm
         except ImportError as e:
-            raise ImportError("the vLLM backend needs vllm: pip install 'sleuth[gpu]' on a CUDA machine") from e
+            raise VLLMUnavailable(f"the vLLM backend needs vllm ({e}): {INSTALL_HINT}") from e
         engine_kwargs.setdefault("logprobs_mode", "processed_logprobs")
         try:
             self.llm = vllm.LLM(model=model, **engine_kwargs)
         except TypeError:  # vLLM without logprobs_mode
             engine_kwargs.pop("logprobs_mode")
             self.llm = vllm.LLM(model=model, **engine_kwargs)
-        tok = self.llm.get_tokenizer()
-        self.eos_token_ids = list(eos_token_ids) if eos_token_ids is not None else [tok.eos_token_id]
+        if eos_token_ids is None:
+            eos_token_ids = [self.llm.get_tokenizer().eos_token_id]
+        self.eos_token_ids = list(eos_token_ids)
+
+    @classmethod
+    def from_trainer(cls, policy, tokenizer, work_dir, rollout, *, dtype: str, seed: int = 0,
+                     world_size: int = 1) -> "VLLMBackend":
+        """An engine for training rollouts on ``policy``'s architecture, holding ``policy``'s weights.
+
+        ``work_dir`` receives the config and tokenizer the engine is built from (kilobytes);
+        ``rollout`` is the run's ``RolloutConfig`` (engine options, ``max_context_tokens``).
+        Errors name what is missing and what to do (:class:`VLLMUnavailable`, a ``UserError``).
+        """
+        if world_size > 1:
+            raise UserError(f"rollout.backend=vllm runs in one process; this run has {world_size} ranks "
+                            "(use rollout.backend=hf under torchrun)")
+        try:
+            import vllm  # noqa: F401
+        except ImportError as e:
+            raise VLLMUnavailable(f"rollout.backend=vllm needs vllm, which is not importable ({e}): "
+                                  f"{INSTALL_HINT}") from e
+        if not cuda_available():
+            raise VLLMUnavailable(f"rollout.backend=vllm needs a CUDA GPU and none is visible: {INSTALL_HINT}")
+        from sleuth.rollout.hf_backend import _eos_ids  # the same eos set as the HF backend
+
+        os.makedirs(work_dir, exist_ok=True)
+        plain = _base_model(policy)
+        if not plain.config.architectures:  # vLLM picks its model class from this field
+            plain.config.architectures = [type(plain).__name__]
+        plain.config.save_pretrained(work_dir)
+        if getattr(plain, "generation_config", None) is not None:  # vLLM stops on its eos ids too
+            plain.generation_config.save_pretrained(work_dir)
+        tokenizer.save_pretrained(work_dir)
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process: pushes are copies
+        backend = cls(
+            str(work_dir), eos_token_ids=_eos_ids(plain, tokenizer), load_format="dummy", dtype=dtype,
+            seed=seed, max_model_len=rollout.max_context_tokens, enforce_eager=rollout.vllm_enforce_eager,
+            gpu_memory_utilization=rollout.vllm_gpu_memory_utilization,
+        )
+        backend.sync_weights(policy)
+        return backend
+
+    def sync_weights(self, model) -> int:
+        """Copy ``model``'s current weights into the engine; returns how many tensors were pushed."""
+        weights = trainer_weights(model)
+        load_into_engine(self.llm, weights)
+        reset = getattr(self.llm, "reset_prefix_cache", None)
+        if callable(reset):
+            reset()
+        return len(weights)
 
     def _params(self, params: SamplingParams, seed: int | None, cap: int):
         import vllm
@@ -83,3 +163,82 @@ class VLLMBackend:
             finish, stop = finish_from_server(comp.finish_reason, comp.stop_reason)
             results[i] = GenerationResult(ids, lps, finish, stop)
         return results
+
+
+def _base_model(model):
+    """The plain ``transformers`` model under DDP / peft wrappers."""
+    model = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+    get_base = getattr(model, "get_base_model", None)  # peft
+    return get_base() if callable(get_base) else model
+
+
+def trainer_weights(model) -> list[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` in Hugging Face naming: ``model``'s state dict, detached (no copy).
+
+    A peft LoRA model gives its base weights with the active adapters' deltas added out of place
+    (the trainer's weights are never touched) and no adapter tensors.
+    """
+    model = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+    base = _base_model(model)
+    if base is model:
+        return [(name, t.detach()) for name, t in model.state_dict().items()]
+    from peft.tuners.lora import LoraLayer
+
+    deltas = {}
+    with torch.no_grad():
+        for name, mod in base.named_modules():
+            if isinstance(mod, LoraLayer) and not getattr(mod, "merged", False):
+                for adapter in mod.active_adapters:
+                    if adapter in mod.lora_A:
+                        delta = mod.get_delta_weight(adapter)
+                        deltas[f"{name}.weight"] = deltas.get(f"{name}.weight", 0) + delta
+        out = []
+        for name, t in base.state_dict().items():
+            if "lora_" in name:
+                continue
+            name = name.replace(".base_layer.", ".")
+            out.append((name, (t + deltas[name].to(t.dtype)) if name in deltas else t.detach()))
+    return out
+
+
+class _LoadWeights:
+    """``apply_model`` callable (picklable, for engines in another process): ``model.load_weights``."""
+
+    def __init__(self, weights):
+        self.weights = weights
+
+    def __call__(self, model):
+        loaded = model.load_weights(self.weights)
+        return None if loaded is None else len(loaded)
+
+
+def _attr_path(obj, path: str):
+    for part in path.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def load_into_engine(llm, weights: list[tuple[str, torch.Tensor]]) -> None:
+    """Call the engine model's ``load_weights(weights)``: by attribute when the model lives in this
+    process (V0, V1 in-process), else through ``LLM.apply_model`` (V1); a clear error otherwise."""
+    for path in MODEL_PATHS:
+        try:
+            model = _attr_path(llm, path)
+        except AttributeError:
+            continue
+        if callable(getattr(model, "load_weights", None)):
+            model.load_weights(weights)
+            return
+    if callable(getattr(llm, "apply_model", None)):
+        llm.apply_model(_LoadWeights(weights))
+        return
+    import importlib.metadata as md
+
+    try:
+        version = md.version("vllm")
+    except md.PackageNotFoundError:
+        version = "unknown"
+    raise RuntimeError(
+        f"cannot push weights into this vLLM engine (vllm {version}): it exposes neither "
+        f"llm.{MODEL_PATHS[0]} nor LLM.apply_model; use vLLM >= 0.8 or rollout.backend=hf"
+    )

@@ -157,9 +157,21 @@ class Trainer:
             self.out.mkdir(parents=True, exist_ok=True)
             save_config(cfg, self.out / "config.yaml")
             _truncate_metrics(self.out, self.step)
+        # the vLLM rollout engine, built after a resume so that it starts from the current weights
+        self.vllm = self._build_vllm() if cfg.rollout.backend != "hf" else None
         self.logger = MetricsLogger(self.out, total_steps=tc.total_steps, tensorboard=tc.tensorboard,
                                     wandb=tc.wandb, config=to_dict(cfg), enabled=self.ctx.is_main,
                                     progress=progress, resume=resume and self.step > 0)
+
+    def _build_vllm(self):
+        """The vLLM rollout engine (``rollout.backend: vllm``), holding the policy's current weights."""
+        from sleuth.rollout.vllm_backend import VLLMBackend
+
+        if self.cfg.rollout.backend != "vllm":
+            raise ValueError(f"rollout.backend must be hf or vllm, got {self.cfg.rollout.backend!r}")
+        return VLLMBackend.from_trainer(self.policy, self.tokenizer, self.out / "vllm_engine", self.cfg.rollout,
+                                        dtype=self.cfg.model.dtype, seed=self.cfg.train.seed,
+                                        world_size=self.ctx.world_size)
 
     # -- checkpoints -------------------------------------------------------------------------
     def _state(self) -> dict:
@@ -205,7 +217,7 @@ class Trainer:
         from sleuth.rollout.loop import run_rollouts
 
         self.policy.eval()
-        backend = HFBackend(self.policy, self.tokenizer)
+        backend = self.vllm if self.vllm is not None else HFBackend(self.policy, self.tokenizer)
         return run_rollouts(questions, backend, self.tokenizer, self.fmt, self.retriever, self.cfg.rollout,
                             seed=self.cfg.train.seed, step=step, k=self.cfg.retrieval.topk, greedy=greedy,
                             group_size=group_size)
@@ -247,6 +259,10 @@ class Trainer:
             seed=tc.seed * 1_000_003 + self.step, critic=self.critic_model, critic_optimizer=self.critic_opt,
             norm_len=cfg.rollout.max_context_tokens,
         ))
+        if self.vllm is not None:  # the next rollout samples from the updated weights
+            t_sync = time.perf_counter()
+            self.vllm.sync_weights(self.policy)
+            metrics["perf/weight_sync_s"] = time.perf_counter() - t_sync
         lengths = rb.lengths_B.tolist()
         total = time.perf_counter() - t0
         metrics.update({
@@ -322,4 +338,6 @@ class Trainer:
             if ckpt is not None:
                 self._resume(ckpt)
                 self.watch.history.clear()
+                if self.vllm is not None:
+                    self.vllm.sync_weights(self.policy)
         return False

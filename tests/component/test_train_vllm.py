@@ -1,0 +1,248 @@
+"""The training loop with ``rollout.backend: vllm``, on CPU, against a stub ``vllm`` module.
+
+The stub (``sys.modules["vllm"]``) builds its model from the saved config with random weights (as
+``load_format="dummy"`` does), records every ``load_weights`` push, and generates with our HF
+backend on its own copy of the weights. Its logprobs are the true ones minus ``OFFSET``: a sampler
+that disagrees with the trainer by a known amount, so the truncated importance weights must be
+``exp(OFFSET)`` on every trained token, which holds only if the stub's weights equal the
+trainer's (a stub still holding its random weights would give ratios far from that).
+"""
+
+import json
+import math
+import sys
+import types
+from types import SimpleNamespace as NS
+
+import pytest
+import torch
+
+from sleuth.config import Config
+from sleuth.rollout import vllm_backend
+from sleuth.rollout.backends import SamplingParams
+from sleuth.rollout.hf_backend import HFBackend
+from tests.helpers.tiny import tiny_model, tiny_tokenizer
+
+pytestmark = pytest.mark.component
+
+OFFSET = 0.25  # stub logprob = true logprob - OFFSET, so TIS weight = exp(0.25) = 1.2840 (< cap 2)
+STEPS = 2
+
+
+class StubEngineModel:
+    """What ``apply_model`` hands over: vLLM's model, here a HF model plus a recording ``load_weights``."""
+
+    def __init__(self, hf):
+        self.hf = hf
+        self.pushes: list[dict[str, torch.Tensor]] = []
+
+    def load_weights(self, weights):
+        weights = list(weights)
+        self.pushes.append({n: t.detach().clone() for n, t in weights})
+        params = self.hf.state_dict()  # shares storage with the parameters
+        with torch.no_grad():
+            for n, t in weights:
+                params[n].copy_(t)
+        return {n for n, _ in weights}
+
+
+class StubLLM:
+    """``vllm.LLM`` with the surface ``VLLMBackend`` uses (V1-style: ``apply_model``, no ``llm_engine``)."""
+
+    last = None
+
+    def __init__(self, model, **kwargs):
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+        self.kwargs = kwargs
+        torch.manual_seed(123)
+        self.engine_model = StubEngineModel(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model)).eval())
+        self.tok = AutoTokenizer.from_pretrained(model)
+        self.emitted: list[float] = []  # every logprob returned, in order
+        self.resets = 0
+        StubLLM.last = self
+
+    def get_tokenizer(self):
+        return self.tok
+
+    def apply_model(self, fn):
+        return [fn(self.engine_model)]
+
+    def reset_prefix_cache(self):
+        self.resets += 1
+
+    def generate(self, prompts, params, use_tqdm=False):
+        p0 = params[0]
+        ours = SamplingParams(temperature=p0.temperature, top_p=p0.top_p, top_k=max(p0.top_k, 0),
+                              stop=tuple(p0.stop or ()))
+        res = HFBackend(self.engine_model.hf, self.tok).generate(
+            [p["prompt_token_ids"] for p in prompts], ours, seeds=[p.seed for p in params],
+            max_new_tokens=[p.max_tokens for p in params])
+        outs = []
+        for r in res:
+            lps = [lp - OFFSET for lp in r.logprobs]
+            self.emitted += lps
+            comp = NS(token_ids=r.token_ids, logprobs=[{t: NS(logprob=lp)} for t, lp in zip(r.token_ids, lps)],
+                      finish_reason="length" if r.finish_reason == "length" else "stop",
+                      stop_reason=r.stop_string)  # vLLM: the stop string, or None when eos ended the row
+            outs.append(NS(outputs=[comp]))
+        return outs
+
+
+def stub_vllm_module():
+    mod = types.ModuleType("vllm")
+    mod.LLM = StubLLM
+    mod.SamplingParams = NS
+    return mod
+
+
+def make_config(root, **overrides) -> Config:
+    cfg = Config()
+    cfg.model.name_or_path, cfg.model.device = str(root / "model"), "cpu"
+    cfg.data.train_files, cfg.data.eval_files = [str(root / "train.jsonl")], []
+    cfg.retrieval.kind, cfg.retrieval.corpus = "memory", str(root / "corpus.jsonl")
+    r = cfg.rollout
+    r.format, r.group_size, r.max_turns, r.max_tokens_per_turn = "search_r1_tiny", 2, 1, 8
+    r.max_context_tokens, r.use_chat_template, r.backend = 512, False, "vllm"
+    cfg.algo.kl_coef, cfg.algo.kl_mode, cfg.algo.tis_cap = 0.0, "none", 2.0
+    cfg.algo.entropy_coef = 0.01  # a gradient even when every reward is equal (zero advantages)
+    t = cfg.train
+    t.total_steps, t.questions_per_step, t.lr, t.micro_batch_size, t.cpu_threads = STEPS, 2, 0.01, 2, 1
+    for k, v in overrides.items():
+        section, key = k.split("__")
+        setattr(getattr(cfg, section), key, v)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vllm_world")
+    tok = tiny_tokenizer()
+    tiny_model(tok, seed=0, hidden=48).save_pretrained(root / "model")
+    tok.save_pretrained(root / "model")
+    (root / "corpus.jsonl").write_text("".join(
+        json.dumps({"id": str(i), "contents": f'"{a}"\n{a} is a capital city.'}) + "\n"
+        for i, a in enumerate(["Paris", "Rome"])))
+    (root / "train.jsonl").write_text("".join(
+        json.dumps({"id": str(i), "question": "What is the capital of France", "golden_answers": ["Paris"]}) + "\n"
+        for i in range(4)))
+    return root
+
+
+@pytest.fixture(scope="module")
+def run(world, tmp_path_factory):
+    """One 2-step run; records the policy after each update, the pushes, and every TIS call."""
+    import sleuth.train.loop as loop
+    import sleuth.train.update as update
+
+    rec = {"after_update": [], "tis": [], "emitted_before_update": []}  # per step
+    real_update, real_tis = loop.policy_update, update.tis_weights
+
+    def recording_update(model, *args, **kwargs):
+        rec["emitted_before_update"].append(len(StubLLM.last.emitted))
+        rec["tis"].append([])
+        out = real_update(model, *args, **kwargs)
+        rec["after_update"].append({n: t.detach().clone() for n, t in model.state_dict().items()})
+        return out
+
+    def recording_tis(old_BT, sampler_BT, mask_BT, *, cap):
+        w_BT = real_tis(old_BT, sampler_BT, mask_BT, cap=cap)
+        rec["tis"][-1].append((sampler_BT.clone(), mask_BT.clone(), w_BT.clone()))
+        return w_BT
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(sys.modules, "vllm", stub_vllm_module())
+        mp.setattr(vllm_backend, "cuda_available", lambda: True)
+        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        mp.setattr(loop, "policy_update", recording_update)
+        mp.setattr(update, "tis_weights", recording_tis)
+        trainer = loop.Trainer(make_config(world), tmp_path_factory.mktemp("run"), progress=False)
+        rec["initial"] = {n: t.detach().clone() for n, t in trainer.policy.state_dict().items()}
+        rec["metrics"] = trainer.run()
+    rec["llm"] = StubLLM.last
+    return rec
+
+
+def test_engine_built_from_config_with_dummy_weights(run):
+    kw = run["llm"].kwargs
+    assert kw["load_format"] == "dummy" and kw["dtype"] == "float32" and kw["max_model_len"] == 512
+    assert kw["gpu_memory_utilization"] == 0.3 and kw["logprobs_mode"] == "processed_logprobs"
+
+
+def test_weights_pushed_at_start_and_after_every_update(run):
+    pushes = run["llm"].engine_model.pushes
+    assert len(pushes) == STEPS + 1 and run["llm"].resets == STEPS + 1
+    for pushed, expected in zip(pushes, [run["initial"]] + run["after_update"]):
+        assert pushed.keys() == expected.keys()
+        for name, t in expected.items():
+            assert torch.equal(pushed[name], t), name
+    changed = [n for n in pushes[0] if not torch.equal(pushes[0][n], pushes[1][n])]
+    assert changed, "the update changed no weight, so the test could not tell pushes apart"
+    assert run["metrics"]["perf/weight_sync_s"] >= 0
+
+
+def test_sampler_logprobs_reach_tis(run):
+    emitted = run["llm"].emitted
+    bounds = [0] + run["emitted_before_update"]  # step s rolled out emitted[bounds[s]:bounds[s + 1]]
+    for step, calls in enumerate(run["tis"]):
+        assert calls, "algo.tis_cap is set but tis_weights was never called"
+        # the masked sampler logprobs handed to TIS are exactly those the engine returned this step
+        seen = sorted(float(v) for s_BT, m_BT, _ in calls for v in s_BT[m_BT.bool()])
+        step_emitted = emitted[bounds[step] : bounds[step + 1]]
+        assert seen == pytest.approx(sorted(step_emitted), abs=1e-6)
+        for _, m_BT, w_BT in calls:  # synced weights: trainer/sampler ratio exp(OFFSET) on trained tokens
+            assert w_BT[m_BT.bool()] == pytest.approx(math.exp(OFFSET), abs=1e-3)
+            assert torch.all(w_BT[~m_BT.bool()] == 0)
+
+
+def test_missing_vllm_is_a_clear_user_error(world, tmp_path, monkeypatch, capsys):
+    from sleuth.cli import UserError, main
+
+    monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm -> ImportError
+    with pytest.raises(UserError, match=r"rollout.backend=vllm needs vllm.*sleuth\[gpu\].*rollout.backend=hf"):
+        from sleuth.train.loop import Trainer
+
+        Trainer(make_config(world), tmp_path / "a", progress=False)
+    sets = ["model.name_or_path=" + str(world / "model"), "model.device=cpu", "rollout.backend=vllm",
+            "data.train_files=[" + str(world / "train.jsonl") + "]", "retrieval.kind=memory",
+            "retrieval.corpus=" + str(world / "corpus.jsonl"), "rollout.format=search_r1_tiny"]
+    assert main(["train", "--out", str(tmp_path / "b")] + [x for s in sets for x in ("--set", s)]) == 2
+    assert "needs vllm" in capsys.readouterr().err
+
+
+def test_no_cuda_and_unknown_backend_errors(world, tmp_path, monkeypatch):
+    from sleuth.cli import UserError
+    from sleuth.train.loop import Trainer
+
+    monkeypatch.setitem(sys.modules, "vllm", stub_vllm_module())
+    monkeypatch.setattr(vllm_backend, "cuda_available", lambda: False)
+    with pytest.raises(UserError, match="needs a CUDA GPU"):
+        Trainer(make_config(world), tmp_path / "a", progress=False)
+    with pytest.raises(ValueError, match="rollout.backend must be hf or vllm, got 'sglang'"):
+        Trainer(make_config(world, rollout__backend="sglang"), tmp_path / "b", progress=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.skipif(not vllm_backend.vllm_available(), reason="needs vllm (pip install 'sleuth[gpu]')")
+def test_real_vllm_engine_follows_the_trainer_weights(tmp_path):
+    """Real vLLM: an engine built by ``from_trainer`` (dummy weights + push) decodes greedily like the
+    HF backend on the same weights, with the same logprobs, and again after the weights change."""
+    from sleuth.config import RolloutConfig
+
+    tok = tiny_tokenizer()
+    model = tiny_model(tok, seed=0, hidden=256).cuda()  # head_dim 64 for vLLM's attention kernels
+    rollout = RolloutConfig(max_context_tokens=256, vllm_enforce_eager=True, vllm_gpu_memory_utilization=0.2)
+    engine = vllm_backend.VLLMBackend.from_trainer(model, tok, tmp_path / "engine", rollout, dtype="float32")
+    prompts = [tok(t)["input_ids"] for t in ("Who sang the song?", "The river", "capital of France")]
+    params = SamplingParams(max_new_tokens=16, greedy=True)
+    for _ in range(2):
+        ours = engine.generate(prompts, params)
+        ref = HFBackend(model, tok).generate(prompts, params)
+        assert [r.token_ids for r in ours] == [r.token_ids for r in ref]
+        for a, b in zip(ours, ref):
+            assert a.logprobs == pytest.approx(b.logprobs, abs=1e-3)
+        with torch.no_grad():  # an "update": the next round must follow it
+            for p in model.parameters():
+                p.add_(0.05 * torch.randn_like(p))
+        engine.sync_weights(model)
