@@ -2,7 +2,7 @@
 
     sleuth eval --model M --data FILE... (--index DIR | --retriever-url URL | --corpus FILE)
                 [--max-turns 4] [--topk 3] [--limit N] [--no-search] [--format search_r1]
-                [--batch-size 64] --out DIR [--json]
+                [--batch-size 64] [--baseline DIR] --out DIR [--json]
 
 Writes ``OUT/setting.json`` (first), ``OUT/trajectories.jsonl`` (appended per finished batch),
 then ``OUT/results.json`` and ``OUT/report.md``. Rerunning with the same ``--out`` skips the
@@ -10,6 +10,14 @@ question ids already in ``trajectories.jsonl`` (a half-written last line is drop
 when the setting differs from the recorded one. ``--limit`` and ``--batch-size`` are not part of
 the setting: a rerun with a larger ``--limit`` extends a finished eval; the results always cover
 exactly the questions selected by the current invocation.
+
+``--baseline DIR`` names a finished eval of the same questions (typically the same command with
+``--no-search``): ``report.md`` then shows EM and F1 of this run beside the baseline's with the
+difference, and ``results.json`` gains the baseline's figures. It is checked before any model is
+loaded, and it is not part of the setting, so it can be added to a finished eval by rerunning it::
+
+    sleuth eval --model smollm2 --data nq.jsonl --index IDX --limit 50 --no-search --out ev/direct
+    sleuth eval --model smollm2 --data nq.jsonl --index IDX --limit 50 --baseline ev/direct --out ev/search
 """
 
 from __future__ import annotations
@@ -58,6 +66,9 @@ def register(sub) -> None:
     p.add_argument("--judge-url", default=None, help="OpenAI-compatible base URL for the LLM-judge metric")
     p.add_argument("--judge-model", default=None, help="model name for the judge")
     p.add_argument("--no-compare", action="store_true", help="leave the published numbers out of report.md")
+    p.add_argument("--baseline", default=None, metavar="DIR",
+                   help="--out of a finished eval of the same questions (e.g. a --no-search run): report "
+                        "EM/F1 beside it with the difference")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print one JSON summary as the last line")
     p.set_defaults(func=_eval)
     from sleuth.eval.ask import register_ask
@@ -225,9 +236,10 @@ def load_eval_questions(args):
 
 
 def _eval(args) -> int:
-    from sleuth.cli import UserError, print_json_line
+    from sleuth.cli import UserError
     from sleuth.eval.evaluate import evaluate, summarize
-    from sleuth.eval.report import check_setting, load_published, read_finished, render_report, results_document
+    from sleuth.eval.baseline import load_baseline
+    from sleuth.eval.report import check_setting, read_finished
     from sleuth.train.setup import build_format
 
     if args.limit is not None and args.limit < 1:
@@ -242,6 +254,11 @@ def _eval(args) -> int:
     retr = describe_retriever(args)
     setting = eval_setting(args, rcfg, retr)
     out = Path(args.out)
+    baseline = None
+    if args.baseline:
+        if Path(args.baseline).resolve() == out.resolve():
+            raise UserError(f"--baseline {args.baseline} is this eval's own --out; give another eval's directory")
+        baseline = load_baseline(args.baseline, questions, args.data)
     check_setting(out, setting)
     traj_path = out / "trajectories.jsonl"
     finished = read_finished(traj_path)
@@ -273,15 +290,34 @@ def _eval(args) -> int:
             judge.judge_rows(missing)
     summary = summarize(rows)
     summary["perf"] = summary_new["perf"]
+    _write_outputs(args, out, summary, setting, baseline, [q.id for q in questions])
+    return 0
+
+
+def _write_outputs(args, out: Path, summary: dict, setting: dict, baseline: dict | None, ids: list[str]) -> None:
+    """``results.json``, ``report.md``, the summary line and (``--json``) the JSON line."""
+    from sleuth.cli import print_json_line
+    from sleuth.eval.report import load_published, render_report, results_document
+
     published = None if args.no_compare else load_published()
-    (out / "results.json").write_text(json.dumps(results_document(summary, setting, published), indent=2))
-    (out / "report.md").write_text(render_report(summary, setting, published))
+    doc = results_document(summary, setting, published, baseline, question_ids=ids)
+    (out / "results.json").write_text(json.dumps(doc, indent=2))
+    (out / "report.md").write_text(render_report(summary, setting, published, baseline))
     print(f"EM {summary['em']:.3f}  F1 {summary['f1']:.3f}  cover-EM {summary['cover_em']:.3f}  "
           f"searches {summary['searches']:.2f}  ({summary['n']} questions) -> {out / 'report.md'}")
+    if baseline is not None:
+        b = baseline["summary"]
+        print(f"baseline ({doc['baseline']['label']}): EM {b['em']:.3f}  F1 {b['f1']:.3f}  "
+              f"(this run {summary['em'] - b['em']:+.3f} EM)")
     if args.json:
-        print_json_line({
+        line = {
             "n": summary["n"], "em": summary["em"], "f1": summary["f1"], "cover_em": summary["cover_em"],
             "by_source": {src: {k: s[k] for k in ("n", "em", "f1", "cover_em", "searches")}
                           for src, s in summary["by_source"].items()},
-        })  # fmt: skip
-    return 0
+        }  # fmt: skip
+        if baseline is not None:
+            fig = doc["baseline"]["summary"]
+            line["baseline"] = {"dir": baseline["dir"], "em": fig["em"], "f1": fig["f1"],
+                                "by_source": {src: {"em": s["em"], "f1": s["f1"]}
+                                              for src, s in fig["by_source"].items()}}  # fmt: skip
+        print_json_line(line)

@@ -10,6 +10,9 @@ such rows are context, not a like-for-like comparison.
 
 ``Avg`` is the macro mean over the row's own datasets (the paper's convention); ``Avg (ours)``
 is the mean over the datasets our run has, so published rows can be compared on that subset.
+
+With a baseline (``sleuth eval --baseline DIR``, see :mod:`sleuth.eval.baseline`) a second table
+puts EM and F1 of this run beside the baseline's.
 """
 
 from __future__ import annotations
@@ -115,8 +118,9 @@ def _detail_lines(summary: dict) -> list[str]:
     return lines
 
 
-def render_report(summary: dict, setting: dict, published_doc: dict | None) -> str:
-    """The whole ``report.md``: comparison table, footnotes, setting, per-source details, sources."""
+def render_report(summary: dict, setting: dict, published_doc: dict | None, baseline: dict | None = None) -> str:
+    """The whole ``report.md``: comparison table, footnotes, the baseline beside this run (when
+    given, from :func:`load_baseline`), setting, per-source details, sources."""
     published = (published_doc or {}).get("entries", [])
     table, notes = comparison_table(summary, setting, published)
     out = [f"# Evaluation: {setting.get('model')}", "", "Exact match (EM, %), greedy decoding.", ""]
@@ -124,6 +128,10 @@ def render_report(summary: dict, setting: dict, published_doc: dict | None) -> s
     if notes:
         out += ["† The published row's setting differs from ours, so it is context, not a like-for-like "
                 "comparison:", ""] + notes + [""]  # fmt: skip
+    if baseline is not None:
+        from sleuth.eval.baseline import baseline_lines
+
+        out += baseline_lines(summary, setting, baseline)
     out += ["## Setting", ""] + _setting_lines(setting, summary) + [""]
     out += ["## Per source", ""] + _detail_lines(summary) + [""]
     if summary.get("retrieval_errors"):
@@ -142,12 +150,21 @@ def render_report(summary: dict, setting: dict, published_doc: dict | None) -> s
     return "\n".join(out)
 
 
-def results_document(summary: dict, setting: dict, published_doc: dict | None) -> dict:
-    """``results.json``: the setting, the summary, and the published rows shown beside ours."""
+def results_document(summary: dict, setting: dict, published_doc: dict | None, baseline: dict | None = None,
+                     question_ids: list[str] | None = None) -> dict:
+    """``results.json``: the setting, the summary, the published rows shown beside ours, the
+    baseline's figures (when given) and the question ids (to check a later ``--baseline`` use)."""
     published = (published_doc or {}).get("entries", [])
     compared = [{**e, "differences": setting_differences(setting, e["setting"] | {"model": e["model"]})}
                 for e in published]  # fmt: skip
-    return {"setting": setting, "summary": summary, "published": compared}
+    doc = {"setting": setting, "summary": summary, "published": compared}
+    if baseline is not None:
+        from sleuth.eval.baseline import baseline_figures
+
+        doc["baseline"] = baseline_figures(summary, baseline)
+    if question_ids is not None:
+        doc["question_ids"] = list(question_ids)
+    return doc
 
 
 def check_setting(out: Path, setting: dict) -> None:
@@ -205,3 +222,4 @@ def _parse_row(line: str) -> dict | None:
     except json.JSONDecodeError:
         return None
     return row if isinstance(row, dict) and isinstance(row.get("id"), str) else None
+

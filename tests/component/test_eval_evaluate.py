@@ -134,3 +134,64 @@ def test_disk_cache_does_not_store_failures(tmp_path):
     inner = Counting(InMemoryRetriever(CORPUS))
     DiskCachedRetriever(inner, tmp_path / "c.sqlite", "fp").search(["q"], 1)
     assert inner.calls == [["q"]]
+
+
+def test_eval_cli_search_beside_no_search_baseline(tmp_path, monkeypatch, capsys):
+    """Both passes of ``sleuth eval`` with the tiny test model on four questions: the no-search
+    baseline, then the search run with ``--baseline``; the report and results.json put the
+    baseline's figures (as recorded in its directory) beside this run's."""
+    import json
+
+    from sleuth.cli import main
+    from tests.helpers.tiny import tiny_model
+
+    monkeypatch.setenv("SLEUTH_CACHE", str(tmp_path / "cache"))  # the on-the-fly BM25 index goes here
+    tok = tiny_tokenizer()
+    tiny_model(tok, seed=0).save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": p.id, "contents": f'"{p.title}"\n{p.text}'}) + "\n" for p in CORPUS))
+    data = tmp_path / "qa.jsonl"
+    sources = ["nq", "nq", "hotpotqa", "hotpotqa"]
+    data.write_text("".join(json.dumps({"id": f"q{i}", "question": q.text, "golden_answers": q.golden_answers,
+                                        "data_source": src}) + "\n"
+                            for i, (q, src) in enumerate(zip(QUESTIONS + QUESTIONS[:1], sources))))  # fmt: skip
+    base = ["eval", "--model", str(tmp_path / "model"), "--data", str(data), "--corpus", str(corpus), "--topk", "1",
+            "--max-turns", "1", "--max-tokens-per-turn", "12", "--set", "rollout.max_obs_tokens=48", "--no-cache"]
+    direct, search = tmp_path / "direct", tmp_path / "search"
+    assert main(base + ["--no-search", "--out", str(direct)]) == 0
+    # make the baseline's columns recognisable: mark its nq rows right and rewrite its results
+    # (a rerun with every question done loads no model and re-reads the rows)
+    rows = [json.loads(x) for x in (direct / "trajectories.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 and all(r["searches"] == 0 for r in rows)
+    for r in rows:
+        r.update({"em": 1.0, "f1": 1.0} if r["data_source"] == "nq" else {})
+    (direct / "trajectories.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(base + ["--no-search", "--out", str(direct)]) == 0
+    capsys.readouterr()
+    assert main(base + ["--baseline", str(direct), "--out", str(search), "--json"]) == 0
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    ours = json.loads((search / "results.json").read_text())
+    theirs = json.loads((direct / "results.json").read_text())
+    assert ours["setting"]["no_search"] is False and theirs["setting"]["no_search"] is True
+    fig = ours["baseline"]
+    assert fig["dir"] == str(direct.resolve()) and fig["label"] == "no search (direct answer)"
+    assert fig["summary"]["by_source"]["nq"]["em"] == 1.0 == theirs["summary"]["by_source"]["nq"]["em"]
+    assert fig["summary"]["em"] == theirs["summary"]["em"] == line["baseline"]["em"]
+    nq_ours = ours["summary"]["by_source"]["nq"]["em"]
+    assert nq_ours < 1.0  # the random-weight model does not answer both right, so the columns differ
+    assert fig["delta"]["by_source"]["nq"]["em"] == pytest.approx(nq_ours - 1.0)
+    macro_f1 = ours["summary"]["macro"]["f1"] - theirs["summary"]["macro"]["f1"]
+    assert fig["delta"]["macro"]["f1"] == pytest.approx(macro_f1)
+    report = (search / "report.md").read_text()
+    assert "## Beside the baseline: search vs no search" in report
+    assert "| Source | n | EM search | EM no search | Δ EM | F1 search | F1 no search | Δ F1 |" in report
+    assert f"| NQ | 2 | {100 * nq_ours:.1f} | 100.0 | {100 * (nq_ours - 1):+.1f} |" in report
+    assert "no_search: True (this run False)" in report
+    # other questions (--limit 1), or the eval's own directory, are refused before any model loads
+    assert main(base + ["--limit", "1", "--baseline", str(direct), "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert "was run on different data" in err and "3 of the baseline's 4 questions are not in the other run" in err
+    assert not (tmp_path / "x").exists()
+    assert main(base + ["--baseline", str(search), "--out", str(search)]) == 2
+    assert "is this eval's own --out" in capsys.readouterr().err

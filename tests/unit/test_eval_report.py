@@ -131,3 +131,115 @@ def test_load_published_rejects_an_incomplete_entry(tmp_path):
     path.write_text(json.dumps({"entries": [{"method": "x"}]}))
     with pytest.raises(ValueError, match="entry 0 has no 'model'"):
         load_published(path)
+
+
+# --- a baseline beside this run (sleuth eval --baseline DIR) ----------------------------------
+
+BASE_ROWS = [  # the baseline on the same 3 questions: nq worse, hotpotqa better
+    _row("nq", 0.0, 0.5, 0.0, 0),
+    _row("nq", 0.0, 0.0, 0.0, 0),
+    _row("hotpotqa", 1.0, 1.0, 1.0, 0),
+]
+SEARCH = {"model": "m", "no_search": False, "retriever": "bm25", "topk": 3, "max_turns": 4, "corpus": "c.jsonl"}
+DIRECT = {"model": "m", "no_search": True, "retriever": "none", "topk": None, "max_turns": 0, "corpus": "none"}
+
+
+def test_baseline_table_hand_computed():
+    from sleuth.eval.baseline import baseline_table
+
+    lines = baseline_table(summarize(ROWS), summarize(BASE_ROWS), "search", "no search")
+    assert lines[0] == ("| Source | n | EM search | EM no search | Δ EM | F1 search | F1 no search | Δ F1 |")
+    assert lines[2:] == [
+        # ours nq: EM (1+0)/2 = 50, F1 (1+.5)/2 = 75; baseline nq: EM 0, F1 (.5+0)/2 = 25
+        "| NQ | 2 | 50.0 | 0.0 | +50.0 | 75.0 | 25.0 | +50.0 |",
+        # ours hotpotqa 0 / 0; baseline 1 / 1
+        "| HotpotQA | 1 | 0.0 | 100.0 | -100.0 | 0.0 | 100.0 | -100.0 |",
+        # macro = mean of the two sources: ours EM (50+0)/2 = 25, F1 (75+0)/2 = 37.5;
+        # baseline EM (0+100)/2 = 50, F1 (25+100)/2 = 62.5
+        "| Avg (macro) | 3 | 25.0 | 50.0 | -25.0 | 37.5 | 62.5 | -25.0 |",
+        # micro = mean over the 3 questions: ours EM 1/3, F1 1.5/3; baseline EM 1/3, F1 1.5/3 -> no change
+        "| All (micro) | 3 | 33.3 | 33.3 | 0.0 | 50.0 | 50.0 | 0.0 |",
+    ]
+    # two runs of the same kind (two checkpoints, both searching) are told apart as this run / baseline
+    same = baseline_table(summarize(ROWS), summarize(BASE_ROWS), "search", "search")
+    assert same[0].startswith("| Source | n | EM this run | EM baseline | Δ EM |")
+
+
+def test_baseline_in_report_and_results_document():
+    from sleuth.eval.baseline import setting_label
+
+    s, b = summarize(ROWS), summarize(BASE_ROWS)
+    baseline = {"dir": "/runs/direct", "setting": DIRECT, "summary": b}
+    md = render_report(s, SEARCH, None, baseline)
+    assert "## Beside the baseline: search vs no search" in md
+    assert "Baseline: **no search (direct answer)**, model m, from `/runs/direct`" in md
+    assert "This run: **search (bm25, top-3, <=4 searches)**" in md
+    # the baseline's setting is named where it differs
+    assert "no_search: True (this run False); corpus: 'none' (this run 'c.jsonl')" in md
+    assert "| NQ | 2 | 50.0 | 0.0 | +50.0 |" in md
+    assert md.index("## Beside the baseline") < md.index("## Setting")
+    assert "Beside the baseline" not in render_report(s, SEARCH, None)
+    doc = results_document(s, SEARCH, None, baseline, question_ids=["a", "b", "c"])
+    fig = doc["baseline"]
+    assert fig["label"] == setting_label(DIRECT, long=True) == "no search (direct answer)"
+    assert fig["summary"]["em"] == pytest.approx(1 / 3) and fig["summary"]["by_source"]["nq"]["f1"] == 0.25
+    # delta = ours - baseline: nq EM 0.5 - 0, hotpotqa F1 0 - 1, macro EM 0.25 - 0.5, micro EM 1/3 - 1/3
+    assert fig["delta"]["by_source"]["nq"]["em"] == 0.5 and fig["delta"]["by_source"]["hotpotqa"]["f1"] == -1.0
+    assert fig["delta"]["macro"]["em"] == pytest.approx(-0.25) and fig["delta"]["em"] == pytest.approx(0.0)
+    assert doc["question_ids"] == ["a", "b", "c"]
+    json.dumps(doc)
+    assert "baseline" not in results_document(s, SEARCH, None)
+
+
+def _results_dir(tmp_path, ids, data, by_source_n=None):
+    """A baseline directory whose results.json covers nq 2, hotpotqa 1 (or ``by_source_n``)."""
+    rows = [_row(src, 0.0, 0.0, 0.0, 0) for src in ["nq"] * 2 + ["hotpotqa"]]
+    summary = summarize(rows)
+    for src, n in (by_source_n or {}).items():
+        summary["by_source"][src]["n"] = n
+    doc = {"setting": DIRECT | {"data": data}, "summary": summary}
+    if ids is not None:
+        doc["question_ids"] = ids
+    tmp_path.mkdir(exist_ok=True)
+    (tmp_path / "results.json").write_text(json.dumps(doc))
+    return tmp_path
+
+
+def test_load_baseline_accepts_the_same_questions_and_names_what_differs(tmp_path):
+    from sleuth.cli import UserError
+    from sleuth.eval.baseline import load_baseline
+    from sleuth.types import Question
+
+    qs = [Question("nq/1", "q", ["a"], "nq"), Question("nq/2", "q", ["a"], "nq"),
+          Question("hp/3", "q", ["a"], "hotpotqa")]
+    data = ["/d/nq.jsonl", "/d/hotpotqa.jsonl"]
+    same = _results_dir(tmp_path / "same", ["hp/3", "nq/2", "nq/1"], ["/elsewhere/nq.jsonl", "/e/hotpotqa.jsonl"])
+    got = load_baseline(same, qs, data)  # same ids (order and file location do not matter)
+    assert got["setting"]["no_search"] is True and got["summary"]["n"] == 3 and got["dir"] == str(same.resolve())
+    other = _results_dir(tmp_path / "other", ["nq/1", "nq/9"], ["/d/nq.jsonl"])
+    with pytest.raises(UserError) as e:
+        load_baseline(other, qs, data)
+    msg = str(e.value)
+    assert "was run on different data" in msg
+    assert "data files: this run ['nq.jsonl', 'hotpotqa.jsonl'], baseline ['nq.jsonl']" in msg
+    assert "2 of this run's 3 questions are not in the other run (e.g. hp/3, nq/2)" in msg
+    assert "1 of the baseline's 2 questions are not in the other run (e.g. nq/9)" in msg
+    # a results.json without question ids: compared by the count per source
+    old = _results_dir(tmp_path / "old", None, data, by_source_n={"nq": 5})
+    with pytest.raises(UserError, match="nq: this run 2 questions, baseline 5"):
+        load_baseline(old, qs, data)
+    assert load_baseline(_results_dir(tmp_path / "old_ok", None, data), qs, data)["summary"]["n"] == 3
+
+
+def test_load_baseline_bad_directories(tmp_path):
+    from sleuth.cli import UserError
+    from sleuth.eval.baseline import load_baseline
+
+    with pytest.raises(UserError, match=r"no results.json there; give the --out directory of a finished"):
+        load_baseline(tmp_path, [], [])
+    (tmp_path / "results.json").write_text("{not json")
+    with pytest.raises(UserError, match="not a results.json written by `sleuth eval`"):
+        load_baseline(tmp_path, [], [])
+    (tmp_path / "results.json").write_text(json.dumps({"setting": {}, "summary": {"n": 1}}))
+    with pytest.raises(UserError, match=r"its summary lacks \['em', 'f1', 'by_source', 'macro'\]"):
+        load_baseline(tmp_path, [], [])
