@@ -43,6 +43,8 @@ class DataConfig:
     """QA files for evaluation during and after training (``world:test`` for the toy world)."""
     world_seed: int = 0
     """Seed of the embedded toy world used by ``world:*`` files and ``retrieval.corpus: world``."""
+    world_entities: int = 600
+    """Size of the embedded toy world (entities; ``generate_world(n_entities=...)``)."""
     limit: int | None = None
     """Use at most this many questions per file (None = all)."""
     shuffle: bool = True

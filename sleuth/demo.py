@@ -27,13 +27,14 @@ def demo_config(model_path: str, *, steps: int, seed: int, fmt: str, world_seed:
     return Config(
         model=ModelConfig(name_or_path=model_path),
         data=DataConfig(train_files=["world:train"], eval_files=["world:test"], world_seed=world_seed),
-        retrieval=RetrievalConfig(corpus="world", topk=3),
-        rollout=RolloutConfig(format=fmt, group_size=8, max_turns=2, max_tokens_per_turn=40, max_obs_tokens=200,
-                              max_context_tokens=640, temperature=1.0, use_chat_template=False),
+        # top-1: the world's wording puts the fact's passage first for the searches the base model knows
+        retrieval=RetrievalConfig(corpus="world", topk=1),
+        rollout=RolloutConfig(format=fmt, group_size=8, max_turns=2, max_tokens_per_turn=40, max_obs_tokens=128,
+                              max_context_tokens=512, temperature=1.0, use_chat_template=False),
         reward=RewardConfig(kind="em"),
         algo=AlgoConfig(advantage="grpo", kl_coef=0.0, kl_mode="none", clip_low=0.2, clip_high=0.28),
         train=TrainConfig(total_steps=steps, questions_per_step=8, lr=5e-4, micro_batch_size=32, seed=seed,
-                          eval_every=0, save_every=0),
+                          eval_every=0, save_every=0, cpu_threads=1),  # tiny ops: one thread is fastest
         eval=EvalConfig(batch_size=128),
     )
 
@@ -49,28 +50,35 @@ def _stage(msg: str, t0: float) -> None:
 
 
 def run_demo(out: Path, *, steps: int = DEMO_STEPS, seed: int = 0, world_seed: int = 0, model: str | None = None,
-             eval_limit: int | None = None, progress: bool = True, ablation: bool = True) -> dict:
-    """Run the whole demo into ``out``; returns the JSON summary."""
+             eval_limit: int | None = None, progress: bool = True, ablation: bool = True,
+             overrides: list[str] = ()) -> dict:
+    """Run the whole demo into ``out``; returns the JSON summary. ``overrides`` are ``--set``
+    style ``dotted.key=value`` changes of the training config (both runs)."""
+    from sleuth.config import apply_overrides
     from sleuth.data.world import generate_world
     from sleuth.train.loop import Trainer
 
     t0 = time.time()
+    apply_overrides(demo_config("tiny", steps=steps, seed=seed, fmt="search_r1", world_seed=world_seed),
+                    list(overrides))  # a bad key fails here, before any work
     out.mkdir(parents=True, exist_ok=True)
     world = generate_world(world_seed)
     _stage(f"world: {len(world.passages)} passages, {len(world.train)} train / {len(world.test)} test questions", t0)
     if model is None:
         from sleuth.train.tiny import load_or_pretrain_tiny
 
-        model_path, fmt = str(load_or_pretrain_tiny(world, seed=seed)), "search_r1_tiny"
+        # the shipped base model (pretraining seed 0); --seed varies the RL run only
+        model_path, fmt = str(load_or_pretrain_tiny(world)), "search_r1_tiny"
     else:
         model_path, fmt = model, "search_r1"
     _stage(f"base model: {model_path}", t0)
     cfg = demo_config(model_path, steps=steps, seed=seed, fmt=fmt, world_seed=world_seed)
     if model is not None:
         cfg = replace(cfg, rollout=replace(cfg.rollout, use_chat_template=True, max_tokens_per_turn=200,
-                                           max_context_tokens=2048))
+                                           max_context_tokens=2048), train=replace(cfg.train, cpu_threads=None))
     if eval_limit:
         cfg = replace(cfg, train=replace(cfg.train, eval_limit=eval_limit))
+    cfg = apply_overrides(cfg, list(overrides))
 
     trainer = Trainer(cfg, out / "with_search", progress=progress)
     _stage("evaluating the base model (greedy, with search)", t0)
@@ -114,7 +122,8 @@ def _run(args) -> int:
     from sleuth.cli import print_json_line
 
     result = run_demo(Path(args.out), steps=args.steps, seed=args.seed, model=args.model,
-                      eval_limit=args.eval_limit, progress=not args.json, ablation=not args.no_ablation)
+                      eval_limit=args.eval_limit, progress=not args.json, ablation=not args.no_ablation,
+                      overrides=args.set)
     keys = ("base_em", "trained_em", "single_hop_em", "two_hop_em", "no_search_em", "searches_per_question",
             "wall_minutes")
     if args.json:
@@ -136,4 +145,6 @@ def register(sub) -> None:
                    help="a real model instead of the embedded one: hub name, local dir, .gguf file, or smollm2")
     p.add_argument("--eval-limit", type=int, default=None, help="evaluate on at most N test questions")
     p.add_argument("--no-ablation", action="store_true", help="skip the no-search ablation run")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a training setting of both runs, e.g. --set train.lr=1e-3 (repeatable)")
     p.set_defaults(func=_run)

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from sleuth.types import Passage, Question
 
-WORLD_VERSION = 3  # bump when generation changes: it is part of every cache key built on a world
+WORLD_VERSION = 4  # bump when generation changes: it is part of every cache key built on a world
 
 # relation -> (subject kind, object kind)
 RELATIONS = {
@@ -47,18 +47,25 @@ RELATIONS = {
     "invented_year": ("invention", "year"),
     "country": ("city", "country"),
 }
-# How a fact is worded: "{subject} {verb} {phrase} {object}." in passages; the phrase's last word
-# (by / year / of / country) is the word right before the object, and no passage that comes up
-# with a subject's own passages uses that word before anything else.
+# How a fact is worded: "{subject} {verb} {phrase} {object}." in passages. The phrase's last two
+# words come right before the object and appear before nothing else in the context of a question
+# that reads this fact (the question, the needs, the passages its searches bring up), so copying
+# the object after them is unambiguous.
 PHRASES = {
-    "birthplace": ("was", "born in the city of"),
-    "birth_year": ("was", "born in the year"),
+    "birthplace": ("was", "born at"),
+    "birth_year": ("was", "born in"),
     "founder": ("was", "founded by"),
-    "hq": ("is", "headquartered in the city of"),
-    "founded_year": ("was", "founded in the year"),
+    "hq": ("is", "headquartered in"),
+    "founded_year": ("was", "founded in"),
     "inventor": ("was", "invented by"),
-    "invented_year": ("was", "invented in the year"),
-    "country": ("is", "a city in the country"),
+    "invented_year": ("was", "invented in"),
+    "country": ("is", "a city in"),
+}
+# The word a search for a fact about a name just found adds after the name ("Ida Morrow born"):
+# a word of the fact's own passage, so BM25 ranks that passage first.
+SEARCH_WORDS = {
+    "birthplace": "born", "birth_year": "born", "founder": "founded", "hq": "headquartered",
+    "founded_year": "founded", "inventor": "invented", "invented_year": "invented", "country": "city",
 }
 # What one needs to find, said before the first search; it ends with the subject, worded like the
 # question just before the subject.
@@ -231,11 +238,11 @@ def _passages(rng: random.Random, entities: dict, facts: dict, surnames: list[st
     claim = lambda s, r: claim_text(s, r, facts[(s, r)])  # noqa: E731
     for p in entities["person"]:
         rows.append((p, f"{claim(p, 'birthplace')} {claim(p, 'birth_year')}"))
-        deeds = f" {p} founded {founded_by[p]}." if p in founded_by else ""
-        deeds += f" {p} invented {invented_by[p]}." if p in invented_by else ""
+        deeds = f" Founded {founded_by[p]}." if p in founded_by else ""
+        deeds += f" Invented {invented_by[p]}." if p in invented_by else ""
         job = rng.choice(_OCCUPATIONS)
         where = rng.choice(entities["city"])
-        rows.append((p, f"{p} worked as {'an' if job[0] in 'aeiou' else 'a'} {job} in {where}.{deeds}"))
+        rows.append((p, f"Worked as {'an' if job[0] in 'aeiou' else 'a'} {job} in {where}.{deeds}"))
     for c in entities["company"]:
         rows.append((c, f"{claim(c, 'founder')} {claim(c, 'founded_year')}"))
         rows.append((c, f"{claim(c, 'hq')} It makes {_COMPANY_KINDS[c.rsplit(' ', 1)[1]]}."))
@@ -290,3 +297,10 @@ def said_text(relation: str, obj: str) -> str:
 def need_text(subject: str, relation: str) -> str:
     """What one needs to find about ``subject`` (said before the first search; ends with it)."""
     return NEEDS[relation].format(s=subject)
+
+
+def hop_query(name: str, relation: str) -> str:
+    """The search for ``relation`` of a name just found, e.g. "Ida Morrow born": the name first
+    (said last before the search, so writing it is a copy at a fixed distance), then a word of
+    the fact's passage."""
+    return f"{name} {SEARCH_WORDS[relation]}"

@@ -108,11 +108,25 @@ def load_policy(name_or_path: str, *, dtype: str = "float32", device: str = "aut
     source = resolve_model(name_or_path, gguf_file)
     kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
     model = AutoModelForCausalLM.from_pretrained(source.path, dtype=DTYPES[dtype], **kwargs)
+    if source.gguf_file:
+        _as_plain_weights(model, source)
     model.to(pick_device(device))
     tokenizer = load_tokenizer(source)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer
+
+
+def _as_plain_weights(model, source) -> None:
+    """A GGUF model that transformers de-quantised on load holds plain float weights but keeps its
+    GGUF quantizer, which makes ``save_pretrained`` refuse (so no checkpoint could be written).
+    Drop the marker; refuse weights still in GGUF blocks (a GGUF kernel), which cannot train."""
+    if not all(p.is_floating_point() for p in model.parameters()):
+        raise ValueError(f"{source.path}/{source.gguf_file}: its weights stayed in quantized GGUF blocks, which "
+                         "cannot be trained or saved; convert it to a Hugging Face directory first")
+    model.hf_quantizer = None
+    if getattr(model.config, "quantization_config", None) is not None:
+        del model.config.quantization_config
 
 
 def add_lora(model, *, rank: int, alpha: float, targets: list[str]):

@@ -47,10 +47,10 @@ def init_distributed() -> DistContext:
     return DistContext(dist.get_rank(), dist.get_world_size(), local)
 
 
-def _world(seed: int):
+def _world(cfg: Config):
     from sleuth.data.world import generate_world
 
-    return generate_world(seed)
+    return generate_world(cfg.data.world_seed, n_entities=cfg.data.world_entities)
 
 
 def load_split(spec: str, cfg: Config) -> list[Question]:
@@ -61,7 +61,7 @@ def load_split(spec: str, cfg: Config) -> list[Question]:
         split = spec.split(":", 1)[1]
         if split not in ("train", "test"):
             raise ValueError(f"data file {spec!r}: the embedded world has splits world:train and world:test")
-        qs = list(getattr(_world(cfg.data.world_seed), split))
+        qs = list(getattr(_world(cfg), split))
         return qs[: cfg.data.limit] if cfg.data.limit else qs
     return load_questions(spec, limit=cfg.data.limit)
 
@@ -77,7 +77,7 @@ def world_corpus_path(cfg: Config) -> Path:
     """Write the embedded world's corpus once into the cache and return its path."""
     from sleuth.train.tiny import cache_root
 
-    world = _world(cfg.data.world_seed)
+    world = _world(cfg)
     out = cache_root() / "worlds" / world.fingerprint()
     if not (out / "corpus.jsonl").exists():
         tmp = out.with_name(out.name + f".tmp{os.getpid()}")

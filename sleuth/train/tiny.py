@@ -1,9 +1,12 @@
 """The embedded default's base model: a tiny tokenizer and causal LM pretrained on the toy world.
 
 ``load_or_pretrain_tiny(world)`` returns a directory that ``AutoModelForCausalLM.from_pretrained``
-and ``AutoTokenizer.from_pretrained`` load. It is built once (about 7 minutes on 2 CPU cores today;
-the target is 3) and cached under ``$SLEUTH_CACHE`` (default ``~/.cache/sleuth``), keyed by a hash
-of the world, the model spec, the pretraining spec, the seed and ``TINY_VERSION``.
+and ``AutoTokenizer.from_pretrained`` load. The default one (world seed 0, default specs) ships in
+the package (``sleuth/assets/tiny``, rebuilt by ``python -m sleuth.train.tiny``), so a fresh clone
+needs no pretraining; any other world or spec is pretrained once (~10-25 minutes on 2 CPU cores,
+one thread; the issue's target is 3) and cached under ``$SLEUTH_CACHE`` (default
+``~/.cache/sleuth``), keyed by a hash of the world, the model spec, the pretraining spec, the seed
+and ``TINY_VERSION``.
 
 Pretraining: a copy warm-up (random-token repeats, which grow the induction heads that copying a
 name needs), then the protocol-shaped transcripts of :mod:`sleuth.train.tiny_data` (train
@@ -39,14 +42,16 @@ from sleuth.train.tiny_data import (  # noqa: F401  (re-exported: the tiny model
 )
 from sleuth.types import Question
 
-TINY_VERSION = 2  # bump when synthesis or training changes: part of the cache key
+TINY_VERSION = 3  # bump when synthesis or training changes: part of the cache key
 TAGS = ["<think>", "</think>", "<search>", "</search>", "<information>", "</information>", "<answer>", "</answer>"]
 EOS, PAD = "<|endoftext|>", "<|pad|>"
 
 
 @dataclass(frozen=True)
 class TinyModelSpec:
-    """A Llama-architecture decoder; ~0.4M parameters at the defaults (with a ~1.8k vocabulary)."""
+    """A Llama-architecture decoder; ~0.4M parameters at the defaults (with a ~1.8k vocabulary).
+    Hidden size 128 (1.3M) copied no better than 64 trained three times as long, at twice the cost
+    per step."""
 
     hidden_size: int = 64
     intermediate_size: int = 256
@@ -60,20 +65,25 @@ class PretrainSpec:
     """Data synthesis and optimisation settings of the pretraining run."""
 
     prompt: str = "tiny"  # "tiny" (TINY_INSTRUCTION) or "search_r1" (Search-R1's exact instruction)
-    n_transcripts: int = 12000
+    n_transcripts: int = 36000  # 1,500 steps: copying from the passages keeps improving up to there
     search_fraction: float = 0.7  # transcripts that search (the rest guess without searching)
     p_search: float = 0.35  # the learned prior to search: the decision token's loss is dropped in
     # some searching transcripts so that P(search) = p_search while most transcripts show the skills
     p_query: float = 0.7  # a search names the right entity
-    p_copy: float = 0.75  # the fact is copied from the passages (when it is there)
-    topk: int = 3  # passages per search in the observations
+    p_copy: float = 0.95  # the fact is copied from the passages (when it is there)
+    topk: int = 1  # passages per search in the observations (the demo retrieves top-1 too)
     seq_len: int = 512
     pack: bool = False  # pack documents into seq_len rows (else one document per row, length-bucketed)
     batch_size: int = 24  # rows per step
     lr: float = 3e-3
-    drill_steps: int = 1500  # copy warm-up steps at most, before the world documents (0 = none)
+    drill_steps: int = 900  # copy warm-up steps at most, before the world documents (0 = none)
     drill_stop_loss: float = 0.3  # the warm-up ends early once its mean loss over 20 steps is below this
     drill_batch_size: int = 32
+    drill_max_noise: int = 40  # noise tokens between a copy and its source, at most
+    drill_answer_share: float = 0.3  # share of answer rows (see copy_drill_rows)
+    drill_world_rows: int = 8  # world rows added to every warm-up batch (no shock when it ends;
+    # the early stop then rarely fires: the warm-up runs its drill_steps)
+    drill_cue: bool = False  # repeat rows copy after a repeated cue token (see copy_drill_rows)
     drill_mix: int = 8  # copy rows added to every world batch, so the copy heads stay in use
     passage_docs: bool = False  # also train on every passage as a document (world knowledge)
     rename: bool = True  # rename the invented names of every transcript at random (see Renamer)
@@ -206,14 +216,38 @@ def _batch_tensors(batch: list[tuple[list[int], list[int]]], pad_id: int):
     return input_ids_BT, labels_BT, mask_BT
 
 
-def copy_drill_rows(token_ids: list[int], n_rows: int, rng: random.Random, sep_id: int):
-    """Copy warm-up rows: ``x_1..x_n, noise, sep, x_1..x_n`` of random content tokens, the loss on the
-    repeat only. They grow the induction (copy) heads in a few hundred cheap steps; on the world's
-    text alone that takes far longer than the pretraining budget."""
+def copy_drill_rows(token_ids: list[int], n_rows: int, rng: random.Random, sep_id: int,
+                    max_noise: int = 6, answer_tails: list[list[int]] = (), answer_share: float = 0.0,
+                    cue: bool = False):
+    """Copy warm-up rows of random content tokens, the loss on the copy only. They grow the
+    induction (copy) heads in a few hundred cheap steps; on the world's text alone that takes far
+    longer than the pretraining budget. Two kinds:
+
+    * repeat rows ``x_1..x_n, noise, sep, x_1..x_n`` (``max_noise`` noise tokens at most: the copy
+      distance the heads learn to reach); with ``cue``, ``noise, c, x_1..x_n, noise, c, x_1..x_n``
+      instead: the copy starts after a second occurrence of a random cue token ``c``, as a name
+      follows "founded by" in a passage and again in the think, so only content (not the
+      position in the row) tells where to copy from;
+    * with ``answer_tails`` (a share ``answer_share`` of the rows), answer rows
+      ``noise, a, b, tail, a, b``: the name said last is repeated after a tail
+      (``. </think>\\n<answer>`` or ``<search>``), the fixed-distance copy that writing the answer
+      or a follow-up search needs.
+    """
     rows = []
     for _ in range(n_rows):
+        if answer_tails and rng.random() < answer_share:
+            name = [rng.choice(token_ids) for _ in range(2)]
+            head = [rng.choice(token_ids) for _ in range(rng.randint(2, max_noise))] + name + rng.choice(answer_tails)
+            rows.append((head + name, [-100] * len(head) + name))
+            continue
+        if cue:
+            c, seq = rng.choice(token_ids), [rng.choice(token_ids) for _ in range(rng.randint(2, 6))]
+            noise = [[rng.choice(token_ids) for _ in range(rng.randint(0, max_noise))] for _ in range(2)]
+            head = noise[0] + [c] + seq + noise[1] + [c]
+            rows.append((head + seq, [-100] * len(head) + seq))
+            continue
         seq = [rng.choice(token_ids) for _ in range(rng.randint(3, 8))]
-        noise = [rng.choice(token_ids) for _ in range(rng.randint(0, 6))]
+        noise = [rng.choice(token_ids) for _ in range(rng.randint(0, max_noise))]
         head = seq + noise + [sep_id]
         rows.append((head + seq, [-100] * len(head) + seq))
     return rows
@@ -242,9 +276,12 @@ def pretrain_tiny(world: World, out_dir: str | Path, model_spec: TinyModelSpec =
     else:
         rows = bucket_rows(encoded, spec.batch_size, tokenizer.eos_token_id, rng)
     content = sorted({t for x, _ in encoded for t in x} - set(tokenizer.all_special_ids))
-    drill = copy_drill_rows(content, spec.drill_steps * spec.drill_batch_size, rng, tokenizer.eos_token_id)
+    tails = [tokenizer(f". </think>\n{tag}", add_special_tokens=False)["input_ids"] for tag in ("<answer>", "<search>")]
+    drill_args = dict(max_noise=spec.drill_max_noise, answer_tails=tails if spec.drill_answer_share else [],
+                      answer_share=spec.drill_answer_share, cue=spec.drill_cue)
+    drill = copy_drill_rows(content, spec.drill_steps * spec.drill_batch_size, rng, tokenizer.eos_token_id, **drill_args)
     steps = math.ceil(len(rows) / spec.batch_size)
-    mix = copy_drill_rows(content, steps * spec.drill_mix, rng, tokenizer.eos_token_id)
+    mix = copy_drill_rows(content, steps * spec.drill_mix, rng, tokenizer.eos_token_id, **drill_args)
     opt = torch.optim.AdamW(model.parameters(), lr=spec.lr, weight_decay=spec.weight_decay, betas=(0.9, 0.98))
     warmup = max(1, int(spec.warmup_frac * steps))
     drill_lr = lambda i: min(1.0, (i + 1) / 50)  # noqa: E731
@@ -259,6 +296,9 @@ def pretrain_tiny(world: World, out_dir: str | Path, model_spec: TinyModelSpec =
             batch = phase_rows[step * bs:(step + 1) * bs]
             if phase == "world":
                 batch = batch + mix[step * spec.drill_mix:(step + 1) * spec.drill_mix]
+            elif spec.drill_world_rows:  # world rows in the warm-up too: no shock when it ends
+                start = step * spec.drill_world_rows % max(1, len(rows) - spec.drill_world_rows)
+                batch = batch + rows[start:start + spec.drill_world_rows]
             input_ids_BT, labels_BT, mask_BT = _batch_tensors(batch, tokenizer.pad_token_id)
             loss = model(input_ids=input_ids_BT, attention_mask=mask_BT, labels=labels_BT).loss
             loss.backward()
@@ -277,7 +317,8 @@ def pretrain_tiny(world: World, out_dir: str | Path, model_spec: TinyModelSpec =
     out = Path(out_dir)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    summary = {"world": world.fingerprint(), "seed": seed, "model_spec": asdict(model_spec),
+    summary = {"cache_key": cache_key(world, model_spec, spec, seed), "version": TINY_VERSION,
+               "world": world.fingerprint(), "seed": seed, "model_spec": asdict(model_spec),
                "pretrain_spec": asdict(spec), "num_parameters": sum(p.numel() for p in model.parameters()),
                "vocab_size": len(tokenizer), "tokens": sum(len(r) for r, _ in rows), "steps": steps,
                "final_loss": sum(losses[-10:]) / len(losses[-10:]), "train_seconds": time.time() - t_train,
@@ -302,12 +343,31 @@ def cache_key(world: World, model_spec: TinyModelSpec, spec: PretrainSpec, seed:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+BUNDLED_TINY = Path(__file__).resolve().parent.parent / "assets" / "tiny"
+"""The embedded default's base model as shipped in the package (world seed 0, default specs), so a
+fresh clone needs no pretraining; ``python -m sleuth.train.tiny`` rebuilds it."""
+
+
+def bundled_tiny(key: str) -> Path | None:
+    """The shipped model directory when it was pretrained under cache key ``key``, else None."""
+    meta = BUNDLED_TINY / "sleuth_tiny.json"
+    try:
+        ok = meta.is_file() and json.loads(meta.read_text()).get("cache_key") == key
+    except (OSError, json.JSONDecodeError):
+        ok = False
+    return BUNDLED_TINY if ok and (BUNDLED_TINY / "model.safetensors").is_file() else None
+
+
 def load_or_pretrain_tiny(world: World, cache_dir: str | Path | None = None, seed: int = 0,
                           model_spec: TinyModelSpec = TinyModelSpec(), spec: PretrainSpec = PretrainSpec(),
-                          log=print) -> Path:
-    """The cached pretrained tiny model for this world and settings, pretraining it on a miss."""
+                          log=print, use_bundled: bool = True) -> Path:
+    """The pretrained tiny model for this world and settings: the shipped one when it matches
+    (``use_bundled``), else the cached one, pretraining it on a miss."""
+    key = cache_key(world, model_spec, spec, seed)
+    if use_bundled and (shipped := bundled_tiny(key)) is not None:
+        return shipped
     root = Path(cache_dir) if cache_dir is not None else cache_root() / "tiny"
-    path = root / f"tiny-{cache_key(world, model_spec, spec, seed)}"
+    path = root / f"tiny-{key}"
     if (path / "sleuth_tiny.json").is_file():
         return path
     root.mkdir(parents=True, exist_ok=True)
@@ -326,10 +386,34 @@ def load_or_pretrain_tiny(world: World, cache_dir: str | Path | None = None, see
 
 
 def default_tiny_model_path() -> Path:
-    """The embedded default's base model (world seed 0, default specs), built on first use."""
+    """The embedded default's base model (world seed 0, default specs): shipped, cached or built."""
     from sleuth.data.world import generate_world
 
     return load_or_pretrain_tiny(generate_world(0))
+
+
+def rebuild_bundled(out: Path = BUNDLED_TINY) -> dict:
+    """Pretrain the default tiny model from scratch into ``out`` (the shipped copy by default),
+    its weights stored in float16 to halve the package (loaded back as float32)."""
+    from sleuth.data.world import generate_world
+
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    summary = pretrain_tiny(generate_world(0), tmp)
+    store_half(tmp)
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+    return summary
+
+
+def store_half(model_dir: Path) -> None:
+    """Rewrite ``model.safetensors`` in float16 (the config keeps ``dtype: float32``, so
+    ``from_pretrained`` loads float32 weights)."""
+    from safetensors.torch import load_file, save_file
+
+    path = Path(model_dir) / "model.safetensors"
+    tensors = {k: v.half() if v.is_floating_point() else v for k, v in load_file(path).items()}
+    save_file(tensors, path, metadata={"format": "pt"})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -364,3 +448,9 @@ def greedy_episode(model, tokenizer, fmt, retriever, question: Question, *, max_
     answer = fmt.extract_answer(response)
     correct = answer is not None and answer.strip().lower() in {a.lower() for a in question.golden_answers}
     return {"answer": answer, "correct": correct, "queries": queries, "response": response}
+
+
+if __name__ == "__main__":  # python -m sleuth.train.tiny [OUT]: rebuild the shipped tiny model
+    import sys
+
+    print(json.dumps(rebuild_bundled(Path(sys.argv[1]) if len(sys.argv) > 1 else BUNDLED_TINY), indent=2))

@@ -13,7 +13,8 @@ from __future__ import annotations
 import random
 from typing import TYPE_CHECKING
 
-from sleuth.data.world import CITY_SUFFIXES, COUNTRY_SUFFIXES, PHRASES, RELATIONS, World, claim_text, need_text, said_text
+from sleuth.data.world import (CITY_SUFFIXES, COUNTRY_SUFFIXES, RELATIONS, World, claim_text, hop_query, need_text,
+                               said_text)
 from sleuth.rollout.formats import SearchR1Format, normalize_question
 from sleuth.types import Passage, Question
 
@@ -96,7 +97,7 @@ def synthesize_transcript(world: World, q: Question, fmt, search: Bm25Search, sp
 
     ``<think> I need to find who founded X. </think>`` ``<search> who founded X </search>`` observation
     ``<think> The passage says: founded by P. </think>`` then ``<answer> P </answer>`` (or, for a
-    two-hop question, ``<search> founded by P </search>`` and one more round); or, without searching,
+    two-hop question, ``<search> P born </search>`` and one more round); or, without searching,
     ``<think> I know the answer. </think> <answer> guess </answer>``.
     """
     chain, subject = q.meta["chain"], q.meta["subject"]
@@ -109,9 +110,9 @@ def synthesize_transcript(world: World, q: Question, fmt, search: Bm25Search, sp
     for hop, rel in enumerate(chain):
         kind, obj_kind = RELATIONS[rel]
         target = s if rng.random() < spec.p_query else _wrong_query(world, s, kind, rng)
-        # The query repeats the words just said before the name (the need, then what the passage
-        # said), so writing it is a continuation of earlier text, not a jump to a far name.
-        query = need_text(target, rel) if hop == 0 else " ".join([*PHRASES[chain[hop - 1]][1].split()[-2:], target])
+        # The first query repeats the need said just before it (a continuation); a later one starts
+        # with the name said last (a copy at a fixed distance, like the answer's).
+        query = need_text(target, rel) if hop == 0 else hop_query(target, rel)
         docs = search.search([query], spec.topk)[0]
         segments += [(text + f"<search> {query} </search>", True), (fmt.render_observation([(query, docs)]), False)]
         true_obj = world.facts.get((s, rel))

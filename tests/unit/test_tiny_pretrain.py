@@ -1,11 +1,14 @@
 """The tiny base model's pretraining data: transcripts as trained/injected segments, renaming,
 label masking, packing, and the tokenizer's spelling of names (no model training here)."""
 
+import dataclasses
+import json
 import random
+import shutil
 
 import pytest
 
-from sleuth.data.world import generate_world, need_text
+from sleuth.data.world import generate_world, hop_query, need_text
 from sleuth.train import tiny
 
 pytestmark = pytest.mark.unit
@@ -36,6 +39,8 @@ def test_transcript_segments_alternate_and_answer_right(world, search):
         assert segments[0][0] == fmt.user_content(q)
         assert segments[1][0].startswith(tiny.SEARCH_OPENING)
         assert f"<search> {need_text(q.meta['subject'], q.meta['chain'][0])} </search>" in segments[1][0]
+        if hops == 2:  # the second search starts with the name the first one found
+            assert f"<search> {hop_query(q.meta['bridge'], q.meta['chain'][1])} </search>" in segments[3][0]
         assert all(text.startswith("\n\n<information>") for text, trained in segments if not trained and text != segments[0][0])
         assert fmt.extract_answer("".join(text for text, _ in segments[1:])) == q.golden_answers[0]
 
@@ -121,3 +126,55 @@ def test_pretrain_tiny_saves_a_loadable_model_that_fits_its_data(world, tmp_path
     # even 8 steps bring the loss below ln(vocab), the loss of a uniform guess
     assert summary["final_loss"] < torch.log(torch.tensor(float(len(tok)))).item()
     assert all(len(tok(t, add_special_tokens=False)["input_ids"]) == 1 for t in tiny.TAGS)
+
+
+def test_copy_drill_rows_by_hand():
+    rng = random.Random(0)
+    tokens, sep, tail = [10, 11, 12, 13], 99, [7, 8]
+    for head_ids, labels in tiny.copy_drill_rows(tokens, 50, rng, sep, max_noise=3):
+        # repeat rows: seq (3-8 tokens), 0-3 noise tokens, sep, seq again; loss on the repeat only
+        n = head_ids.index(sep)
+        seq = head_ids[n + 1:]
+        assert 3 <= len(seq) <= 8 and head_ids[:len(seq)] == seq and n - len(seq) <= 3
+        assert labels == [-100] * (n + 1) + seq
+    for row, labels in tiny.copy_drill_rows(tokens, 50, rng, sep, max_noise=3, answer_tails=[tail], answer_share=1.0):
+        # answer rows: 2-3 noise tokens, a 2-token name, the tail, the name again (the only loss)
+        name = row[-2:]
+        assert row[-6:] == name + tail + name and 7 <= len(row) <= 9 and sep not in row
+        assert labels == [-100] * (len(row) - 2) + name
+    for row, labels in tiny.copy_drill_rows(list(range(100, 400)), 50, rng, sep, max_noise=3, cue=True):
+        # cue rows: noise, c, seq, noise, c, seq; the loss on the copy after the second c only
+        seq = [t for t in labels if t != -100]
+        n, c = len(seq), row[-len(seq) - 1]
+        assert 2 <= n <= 6 and labels == [-100] * (len(row) - n) + seq and sep not in row
+        starts = [i for i in range(len(row) - 2 * n - 1) if row[i] == c and row[i + 1:i + 1 + n] == seq]
+        assert starts and len(row) - n - 1 - (starts[0] + n + 1) <= 3  # the first copy, <= 3 noise tokens after it
+
+
+def test_load_or_pretrain_tiny_uses_the_bundled_model_only_when_its_key_matches(world, tmp_path, monkeypatch):
+    spec = tiny.PretrainSpec(n_transcripts=16, batch_size=8, drill_steps=1, drill_batch_size=2, drill_mix=1)
+    model_spec = tiny.TinyModelSpec(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)
+    shipped = tmp_path / "assets" / "tiny"
+    monkeypatch.setattr(tiny, "BUNDLED_TINY", shipped)
+    kw = dict(cache_dir=tmp_path / "cache", model_spec=model_spec, spec=spec, log=None)
+    built = tiny.load_or_pretrain_tiny(world, **kw)  # nothing shipped: pretrained into the cache
+    assert built.parent == tmp_path / "cache" and (built / "model.safetensors").is_file()
+    key = tiny.cache_key(world, model_spec, spec, 0)
+    assert json.loads((built / "sleuth_tiny.json").read_text())["cache_key"] == key
+    shutil.copytree(built, shipped)
+    assert tiny.load_or_pretrain_tiny(world, **kw) == shipped  # the shipped copy wins
+    assert tiny.load_or_pretrain_tiny(world, **kw, use_bundled=False) == built
+    other = dataclasses.replace(spec, lr=1e-3)  # another key: the shipped copy does not apply
+    assert tiny.load_or_pretrain_tiny(world, **{**kw, "spec": other}) not in (shipped, built)
+
+
+def test_the_shipped_tiny_model_is_the_default_one():
+    """``sleuth/assets/tiny`` must be what ``python -m sleuth.train.tiny`` builds from the current
+    code (world, specs, version); rebuild it after changing any of them."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    key = tiny.cache_key(generate_world(0), tiny.TinyModelSpec(), tiny.PretrainSpec(), 0)
+    assert tiny.bundled_tiny(key) == tiny.BUNDLED_TINY, "stale sleuth/assets/tiny: run python -m sleuth.train.tiny"
+    model = AutoModelForCausalLM.from_pretrained(tiny.BUNDLED_TINY)
+    tok = AutoTokenizer.from_pretrained(tiny.BUNDLED_TINY)
+    assert model.config.vocab_size >= len(tok) and all(len(tok(t, add_special_tokens=False)["input_ids"]) == 1 for t in tiny.TAGS)

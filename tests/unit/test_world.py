@@ -13,6 +13,7 @@ from sleuth.data.world import (
     SYLLABLES,
     claim_text,
     generate_world,
+    hop_query,
     need_text,
     said_text,
 )
@@ -37,9 +38,12 @@ def _gold_passage(world, subject, relation):
 def test_claim_and_need_wording():
     # The sentence templates, filled by hand.
     assert claim_text("Varnell Works", "founder", "Ida Morrow") == "Varnell Works was founded by Ida Morrow."
-    assert claim_text("Kaso Lamp", "invented_year", "1850") == "Kaso Lamp was invented in the year 1850."
+    assert claim_text("Kaso Lamp", "invented_year", "1850") == "Kaso Lamp was invented in 1850."
+    assert claim_text("Ida Morrow", "birthplace", "Dunford") == "Ida Morrow was born at Dunford."
     assert need_text("Ida Morrow", "birthplace") == "the birthplace of Ida Morrow"
     assert said_text("founder", "Ida Morrow") == "The passage says: founded by Ida Morrow."
+    assert hop_query("Ida Morrow", "birthplace") == "Ida Morrow born"
+    assert hop_query("Dunford", "country") == "Dunford city"
     assert set(PHRASES) == set(RELATIONS) == set(NEEDS)
     for chain, template in QUESTION_TYPES.values():
         assert template.endswith("{s}?") and all(r in RELATIONS for r in chain)
@@ -133,6 +137,27 @@ def test_bm25_finds_the_gold_passage_with_the_entity_name(world):
             hits += int(gold.id) in docs[0].tolist()
             total += 1
     assert hits / total >= 0.98, hits / total
+
+
+def test_the_ideal_searches_rank_the_fact_first(world):
+    """The searches the pretraining transcripts teach (the need, then name + search word) put the
+    fact's passage at rank 1 for every question, so top-1 retrieval suffices. The words before each
+    object in a fact passage occur before nothing else in that question's context."""
+    from sleuth.train.tiny_data import Bm25Search
+
+    search = Bm25Search(world.passages)
+    for q in world.train + world.test:
+        subject, context = q.meta["subject"], [q.text]
+        for hop, relation in enumerate(q.meta["chain"]):
+            query = need_text(subject, relation) if hop == 0 else hop_query(subject, relation)
+            top = search.search([query], 1)[0]
+            obj = world.facts[(subject, relation)]
+            assert top and claim_text(subject, relation, obj) in top[0].text, (q.text, query, top)
+            context += [query, top[0].text]
+            subject = obj
+        for hop, relation in enumerate(q.meta["chain"]):  # the object's two leading words are unique
+            lead = " ".join(PHRASES[relation][1].split()[-2:]) + " "
+            assert sum(c.count(lead) for c in context) == 1, (q.text, lead, context)
 
 
 def test_write_files_and_load_with_the_qa_loader(world, tmp_path):

