@@ -41,10 +41,11 @@ def test_demo_learns_to_search(tmp_path):
     result = run_demo(tmp_path / "learn", steps=LEARN_STEPS, eval_limit=60, progress=False, ablation=False)
     assert result["base_em"] <= 0.15, result
     assert result["trained_em"] >= result["base_em"] + LEARN_MARGIN, result
+    assert result["single_hop_em"] >= 0.35, result
     assert result["searches_per_question"] >= 0.8 > result["base_searches_per_question"], result
 
 
-LEARN_STEPS, LEARN_MARGIN = 40, 0.08
+LEARN_STEPS, LEARN_MARGIN = 40, 0.25  # measured 2026-11-22: base 0.0 -> trained 0.38 (single-hop 0.53)
 
 
 @pytest.mark.skipif(
