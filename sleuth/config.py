@@ -175,7 +175,7 @@ class TrainConfig:
     eval_every: int = 0
     """Evaluate every N steps (0 = only at the end)."""
     eval_limit: int | None = None
-    """Evaluate on at most this many questions during training (None = all eval questions)."""
+    """Evaluate on at most this many questions of each eval file during training (None = all)."""
     keep_checkpoints: int = 2
     """Complete checkpoints kept on disk (older ones are deleted)."""
     on_collapse: str = "warn"

@@ -27,7 +27,8 @@ from sleuth.train.checkpoint import (latest_checkpoint, load_optimizer_state, lo
 from sleuth.train.forward import batched_logprobs, length_buckets, padding_share
 from sleuth.train.logging import MetricsLogger
 from sleuth.train.sampler import CollapseWatch, QuestionSampler
-from sleuth.train.setup import build_format, build_run_retriever, init_distributed, load_questions_for
+from sleuth.train.setup import (build_format, build_run_retriever, init_distributed, load_eval_questions,
+                                load_questions_for)
 from sleuth.train.update import UpdateBatch, compute_advantages, policy_update
 
 
@@ -145,9 +146,7 @@ class Trainer:
         self.reward_fn = build_reward(cfg.reward)
         self.sampler = QuestionSampler(load_questions_for(cfg.data.train_files, cfg), seed=tc.seed,
                                        shuffle=cfg.data.shuffle)
-        self.eval_questions = load_questions_for(cfg.data.eval_files, cfg)
-        if tc.eval_limit:
-            self.eval_questions = self.eval_questions[: tc.eval_limit]
+        self.eval_questions = load_eval_questions(cfg)  # train.eval_limit per eval file
         self.watch = CollapseWatch()
         self.step = 0
         self.last_eval: tuple[dict, list[dict]] | None = None
@@ -304,6 +303,7 @@ class Trainer:
     def run(self) -> dict:
         tc = self.cfg.train
         last: dict = {}
+        saved_at = None  # the step last checkpointed, so the final save does not write it twice
         while self.step < tc.total_steps:
             self.step += 1
             metrics, trajs = self.train_step()
@@ -321,7 +321,9 @@ class Trainer:
                 break
             if tc.save_every and self.step % tc.save_every == 0:
                 self.save()
-        self.save()
+                saved_at = self.step
+        if saved_at != self.step:
+            self.save()
         self.logger.close()
         return last
 

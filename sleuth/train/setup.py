@@ -53,24 +53,34 @@ def _world(cfg: Config):
     return generate_world(cfg.data.world_seed, n_entities=cfg.data.world_entities)
 
 
-def load_split(spec: str, cfg: Config) -> list[Question]:
-    """Questions of one ``data.*_files`` entry (a file, or ``world:train`` / ``world:test``)."""
+def load_split(spec: str, cfg: Config, limit: int | None = None) -> list[Question]:
+    """Questions of one ``data.*_files`` entry (a file, or ``world:train`` / ``world:test``): the
+    first ``data.limit`` of them, or the first ``limit`` where that is smaller."""
     from sleuth.data.qa import load_questions
 
+    limits = [n for n in (cfg.data.limit, limit) if n]
+    limit = min(limits) if limits else None
     if spec.startswith("world:"):
         split = spec.split(":", 1)[1]
         if split not in ("train", "test"):
             raise ValueError(f"data file {spec!r}: the embedded world has splits world:train and world:test")
         qs = list(getattr(_world(cfg), split))
-        return qs[: cfg.data.limit] if cfg.data.limit else qs
-    return load_questions(spec, limit=cfg.data.limit)
+        return qs[:limit] if limit else qs
+    return load_questions(spec, limit=limit)
 
 
-def load_questions_for(files: list[str], cfg: Config) -> list[Question]:
+def load_questions_for(files: list[str], cfg: Config, limit: int | None = None) -> list[Question]:
+    """The questions of every file in turn (``limit``, if given, applies to each file)."""
     out: list[Question] = []
     for spec in files:
-        out.extend(load_split(spec, cfg))
+        out.extend(load_split(spec, cfg, limit))
     return out
+
+
+def load_eval_questions(cfg: Config) -> list[Question]:
+    """A run's evaluation questions: ``train.eval_limit`` applies per eval file, so a run that
+    evaluates on several datasets reports every one of them, not only the first file's."""
+    return load_questions_for(cfg.data.eval_files, cfg, limit=cfg.train.eval_limit)
 
 
 def world_corpus_path(cfg: Config) -> Path:

@@ -1,0 +1,39 @@
+"""Questions a training run evaluates on: ``train.eval_limit`` applies to each eval file."""
+
+import json
+
+import pytest
+
+from sleuth.config import Config
+from sleuth.train.setup import load_eval_questions, load_questions_for
+
+pytestmark = pytest.mark.unit
+
+
+def _write(path, source, n):
+    rows = [{"id": f"{source}_{i}", "question": f"{source} question {i}", "golden_answers": [str(i)],
+             "data_source": source} for i in range(n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def _ids(questions):
+    return [q.id.rsplit("/", 1)[-1] for q in questions]  # ids read back as source/split/id
+
+
+def test_eval_limit_is_per_file_so_every_dataset_is_evaluated(tmp_path):
+    cfg = Config()
+    cfg.data.eval_files = [_write(tmp_path / "nq.jsonl", "nq", 5), _write(tmp_path / "hotpotqa.jsonl", "hotpotqa", 4)]
+    cfg.train.eval_limit = 3
+    qs = load_eval_questions(cfg)
+    # 3 from each file (a limit over the concatenation would give nq_0..nq_2 and no HotpotQA at all)
+    assert _ids(qs) == ["nq_0", "nq_1", "nq_2", "hotpotqa_0", "hotpotqa_1", "hotpotqa_2"]
+
+
+def test_eval_limit_and_data_limit_take_the_smaller(tmp_path):
+    cfg = Config()
+    cfg.data.eval_files = [_write(tmp_path / "nq.jsonl", "nq", 5), _write(tmp_path / "hotpotqa.jsonl", "hotpotqa", 4)]
+    cfg.data.limit, cfg.train.eval_limit = 2, 3
+    assert _ids(load_eval_questions(cfg)) == ["nq_0", "nq_1", "hotpotqa_0", "hotpotqa_1"]
+    cfg.train.eval_limit = None  # no eval limit: data.limit alone, as for the training files
+    assert load_eval_questions(cfg) == load_questions_for(cfg.data.eval_files, cfg)
