@@ -65,7 +65,7 @@ def run_demo(out: Path, *, steps: int = DEMO_STEPS, seed: int = 0, world_seed: i
     world = generate_world(world_seed)
     _stage(f"world: {len(world.passages)} passages, {len(world.train)} train / {len(world.test)} test questions", t0)
     if model is None:
-        from sleuth.train.tiny import load_or_pretrain_tiny
+        from sleuth.train.tiny_cache import load_or_pretrain_tiny
 
         # the shipped base model (pretraining seed 0); --seed varies the RL run only
         model_path, fmt = str(load_or_pretrain_tiny(world)), "search_r1_tiny"

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from sleuth.data.world import generate_world, hop_query, need_text
-from sleuth.train import tiny
+from sleuth.train import tiny, tiny_cache
 
 pytestmark = pytest.mark.unit
 
@@ -155,26 +155,26 @@ def test_load_or_pretrain_tiny_uses_the_bundled_model_only_when_its_key_matches(
     spec = tiny.PretrainSpec(n_transcripts=16, batch_size=8, drill_steps=1, drill_batch_size=2, drill_mix=1)
     model_spec = tiny.TinyModelSpec(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2)
     shipped = tmp_path / "assets" / "tiny"
-    monkeypatch.setattr(tiny, "BUNDLED_TINY", shipped)
+    monkeypatch.setattr(tiny_cache, "BUNDLED_TINY", shipped)
     kw = dict(cache_dir=tmp_path / "cache", model_spec=model_spec, spec=spec, log=None)
-    built = tiny.load_or_pretrain_tiny(world, **kw)  # nothing shipped: pretrained into the cache
+    built = tiny_cache.load_or_pretrain_tiny(world, **kw)  # nothing shipped: pretrained into the cache
     assert built.parent == tmp_path / "cache" and (built / "model.safetensors").is_file()
     key = tiny.cache_key(world, model_spec, spec, 0)
     assert json.loads((built / "sleuth_tiny.json").read_text())["cache_key"] == key
     shutil.copytree(built, shipped)
-    assert tiny.load_or_pretrain_tiny(world, **kw) == shipped  # the shipped copy wins
-    assert tiny.load_or_pretrain_tiny(world, **kw, use_bundled=False) == built
+    assert tiny_cache.load_or_pretrain_tiny(world, **kw) == shipped  # the shipped copy wins
+    assert tiny_cache.load_or_pretrain_tiny(world, **kw, use_bundled=False) == built
     other = dataclasses.replace(spec, lr=1e-3)  # another key: the shipped copy does not apply
-    assert tiny.load_or_pretrain_tiny(world, **{**kw, "spec": other}) not in (shipped, built)
+    assert tiny_cache.load_or_pretrain_tiny(world, **{**kw, "spec": other}) not in (shipped, built)
 
 
 def test_the_shipped_tiny_model_is_the_default_one():
-    """``sleuth/assets/tiny`` must be what ``python -m sleuth.train.tiny`` builds from the current
+    """``sleuth/assets/tiny`` must be what ``python -m sleuth.train.tiny_cache`` builds from the current
     code (world, specs, version); rebuild it after changing any of them."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     key = tiny.cache_key(generate_world(0), tiny.TinyModelSpec(), tiny.PretrainSpec(), 0)
-    assert tiny.bundled_tiny(key) == tiny.BUNDLED_TINY, "stale sleuth/assets/tiny: run python -m sleuth.train.tiny"
-    model = AutoModelForCausalLM.from_pretrained(tiny.BUNDLED_TINY)
-    tok = AutoTokenizer.from_pretrained(tiny.BUNDLED_TINY)
+    assert tiny_cache.bundled_tiny(key) == tiny_cache.BUNDLED_TINY, "stale sleuth/assets/tiny: run python -m sleuth.train.tiny_cache"
+    model = AutoModelForCausalLM.from_pretrained(tiny_cache.BUNDLED_TINY)
+    tok = AutoTokenizer.from_pretrained(tiny_cache.BUNDLED_TINY)
     assert model.config.vocab_size >= len(tok) and all(len(tok(t, add_special_tokens=False)["input_ids"]) == 1 for t in tiny.TAGS)
