@@ -17,16 +17,19 @@ from dataclasses import replace
 from pathlib import Path
 
 DEMO_STEPS = 40  # the reward plateaus after ~40 steps (measured: 100 steps add ~nothing)
+DEMO_WORLD_ENTITIES = 600
 
 
-def demo_config(model_path: str, *, steps: int, seed: int, fmt: str, world_seed: int):
+def demo_config(model_path: str, *, steps: int, seed: int, fmt: str, world_seed: int = 0,
+                world_entities: int = DEMO_WORLD_ENTITIES):
     """The demo's training config (also the content of ``configs/tiny.yaml``, shortened there)."""
     from sleuth.config import (AlgoConfig, Config, DataConfig, EvalConfig, ModelConfig, RetrievalConfig,
                                RewardConfig, RolloutConfig, TrainConfig)
 
     return Config(
         model=ModelConfig(name_or_path=model_path),
-        data=DataConfig(train_files=["world:train"], eval_files=["world:test"], world_seed=world_seed),
+        data=DataConfig(train_files=["world:train"], eval_files=["world:test"], world_seed=world_seed,
+                        world_entities=world_entities),
         # top-1: the world's wording puts the fact's passage first for the searches the base model knows
         retrieval=RetrievalConfig(corpus="world", topk=1),
         rollout=RolloutConfig(format=fmt, group_size=8, max_turns=2, max_tokens_per_turn=40, max_obs_tokens=128,
@@ -49,30 +52,33 @@ def _stage(msg: str, t0: float) -> None:
     print(f"[{(time.time() - t0) / 60:5.1f} min] {msg}", flush=True)
 
 
-def run_demo(out: Path, *, steps: int = DEMO_STEPS, seed: int = 0, world_seed: int = 0, model: str | None = None,
-             eval_limit: int | None = None, progress: bool = True, ablation: bool = True,
-             overrides: list[str] = ()) -> dict:
+def run_demo(out: Path, *, steps: int = DEMO_STEPS, seed: int = 0, world_seed: int = 0,
+             world_entities: int = DEMO_WORLD_ENTITIES, model: str | None = None, eval_limit: int | None = None,
+             progress: bool = True, ablation: bool = True, overrides: list[str] = ()) -> dict:
     """Run the whole demo into ``out``; returns the JSON summary. ``overrides`` are ``--set``
-    style ``dotted.key=value`` changes of the training config (both runs)."""
+    style ``dotted.key=value`` changes of the training config (both runs). Any world (``world_seed``,
+    ``world_entities``) uses the same tiny base model: its names come from the one name inventory
+    and pretraining renamed them at random, so the model knows no world's facts."""
     from sleuth.config import apply_overrides
     from sleuth.data.world import generate_world
     from sleuth.train.loop import Trainer
 
     t0 = time.time()
-    apply_overrides(demo_config("tiny", steps=steps, seed=seed, fmt="search_r1", world_seed=world_seed),
+    world_args = dict(world_seed=world_seed, world_entities=world_entities)
+    apply_overrides(demo_config("tiny", steps=steps, seed=seed, fmt="search_r1", **world_args),
                     list(overrides))  # a bad key fails here, before any work
+    world = generate_world(world_seed, n_entities=world_entities)  # bad sizes fail here too
     out.mkdir(parents=True, exist_ok=True)
-    world = generate_world(world_seed)
     _stage(f"world: {len(world.passages)} passages, {len(world.train)} train / {len(world.test)} test questions", t0)
     if model is None:
-        from sleuth.train.tiny_cache import load_or_pretrain_tiny
+        from sleuth.train.tiny_cache import default_tiny_model_path
 
-        # the shipped base model (pretraining seed 0); --seed varies the RL run only
-        model_path, fmt = str(load_or_pretrain_tiny(world)), "search_r1_tiny"
+        # the shipped base model (pretraining seed 0) for every world; --seed varies the RL run only
+        model_path, fmt = str(default_tiny_model_path()), "search_r1_tiny"
     else:
         model_path, fmt = model, "search_r1"
     _stage(f"base model: {model_path}", t0)
-    cfg = demo_config(model_path, steps=steps, seed=seed, fmt=fmt, world_seed=world_seed)
+    cfg = demo_config(model_path, steps=steps, seed=seed, fmt=fmt, **world_args)
     if model is not None:
         cfg = replace(cfg, rollout=replace(cfg.rollout, use_chat_template=True, max_tokens_per_turn=200,
                                            max_context_tokens=2048), train=replace(cfg.train, cpu_threads=None))
@@ -121,7 +127,8 @@ def run_demo(out: Path, *, steps: int = DEMO_STEPS, seed: int = 0, world_seed: i
 def _run(args) -> int:
     from sleuth.cli import print_json_line
 
-    result = run_demo(Path(args.out), steps=args.steps, seed=args.seed, model=args.model,
+    result = run_demo(Path(args.out), steps=args.steps, seed=args.seed, world_seed=args.world_seed,
+                      world_entities=args.world_entities, model=args.model,
                       eval_limit=args.eval_limit, progress=not args.json, ablation=not args.no_ablation,
                       overrides=args.set)
     keys = ("base_em", "trained_em", "single_hop_em", "two_hop_em", "no_search_em", "searches_per_question",
@@ -140,7 +147,10 @@ def register(sub) -> None:
     p.add_argument("--out", default="runs/demo", help="output directory (report.md, plots, runs)")
     p.add_argument("--json", action="store_true", help="print one JSON summary as the last line")
     p.add_argument("--steps", type=int, default=DEMO_STEPS, help="GRPO steps (each run)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the RL runs")
+    p.add_argument("--world-seed", type=int, default=0, help="seed of the toy world (the base model serves any)")
+    p.add_argument("--world-entities", type=int, default=DEMO_WORLD_ENTITIES,
+                   help="size of the toy world in entities (20 to 1100)")
     p.add_argument("--model", default=None,
                    help="a real model instead of the embedded one: hub name, local dir, .gguf file, or smollm2")
     p.add_argument("--eval-limit", type=int, default=None, help="evaluate on at most N test questions")

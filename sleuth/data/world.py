@@ -1,7 +1,10 @@
 """A toy world for the embedded default: invented entities, encyclopedia passages, QA pairs.
 
 Every name is built from syllables, so no pretrained model can answer from memory; the only way
-to a right answer is to search the world's corpus. The world is deterministic by ``seed``.
+to a right answer is to search the world's corpus. The world is deterministic by ``seed``. Names
+are drawn from one fixed :func:`name_inventory` shared by every world (one word each: a stem for
+people, companies and inventions, a stem plus a suffix for cities and countries), so the tiny
+model's tokenizer spells every name as one token and the same model serves every world.
 
 Entities and facts (``World.facts[(subject, relation)] -> object``):
 
@@ -12,8 +15,8 @@ Entities and facts (``World.facts[(subject, relation)] -> object``):
 
 Each fact is written in its passage as one fixed sentence, ``CLAIMS[relation]`` (e.g. "Varnell
 Works was founded by Ida Morrow."), so the answer appears verbatim next to the subject's name.
-Distractor passages share words with the real ones (companies sharing a stem, people sharing a
-first name, family and fair passages, a second city in every person's biography).
+Distractor passages share words with the real ones (companies sharing a stem, family and fair
+passages, a second city in every person's biography).
 
 Questions: single-hop (one relation) and two-hop (a relation whose object is the subject of a
 second relation, e.g. founder -> birthplace). The train/test split is by entity and closed under
@@ -26,6 +29,7 @@ rows of the written ``train.jsonl`` / ``test.jsonl``.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import random
@@ -34,7 +38,7 @@ from pathlib import Path
 
 from sleuth.types import Passage, Question
 
-WORLD_VERSION = 4  # bump when generation changes: it is part of every cache key built on a world
+WORLD_VERSION = 5  # bump when generation changes: it is part of every cache key built on a world
 
 # relation -> (subject kind, object kind)
 RELATIONS = {
@@ -96,11 +100,16 @@ QUESTION_TYPES = {
     "birth_country": (("birthplace", "country"), "Which country holds the birthplace of {s}?"),
 }
 
-# Name stems are 2-3 syllables (consonant, vowel, optional n). Every name is two words or a stem
-# plus a suffix, so the tiny model's tokenizer spells every name (and every year) in two tokens.
+# Name stems are 2-3 syllables (consonant, vowel, optional n); every name is one word: a stem
+# (people, company and invention stems) or a stem plus a city or country suffix.
 SYLLABLES = [c + v + e for c in "bdfgklmprstvz" for v in "aeiou" for e in ("", "n")]
 COUNTRY_SUFFIXES = ["ria", "land", "mark"]
 CITY_SUFFIXES = ["ford", "burg", "ton", "vale", "port"]
+# The name inventory every world draws from (fixed: not per world): kind -> size. A world of
+# n_entities uses 0.8 * n stems and 0.2 * n cities, so worlds up to MAX_ENTITIES entities fit.
+INVENTORY_SIZES = {"stem": 900, "city": 220, "country": 48}
+INVENTORY_SEED = 20261123
+MAX_ENTITIES = 1100
 _COMPANY_KINDS = {"Works": "glass", "Labs": "medicines", "Motors": "engines", "Foods": "bread",
                   "Mills": "flour", "Textiles": "cloth", "Press": "books", "Forge": "tools"}
 _DEVICES = "Engine Loom Lamp Compass Valve Pump Clock Telescope".split()
@@ -119,7 +128,7 @@ class World:
     facts: dict[tuple[str, str], str]
     entities: dict[str, list[str]]  # kind -> names (kinds: person, company, invention, city, country)
     split_of: dict[str, str] = field(default_factory=dict)  # entity name -> "train" | "test"
-    stems: list[str] = field(default_factory=list)  # every invented word (names, stems of cities/countries)
+    stems: list[str] = field(default_factory=list)  # every invented name it uses (one word each)
 
     def fingerprint(self) -> str:
         """A short hash of everything that determines the world (for cache keys)."""
@@ -148,19 +157,37 @@ def _write_jsonl(path: Path, rows) -> None:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
 
 
+@functools.lru_cache(maxsize=1)
+def name_inventory() -> dict[str, tuple[str, ...]]:
+    """Every invented name a world may use, by kind ("stem", "city", "country"); fixed for all
+    worlds (seed :data:`INVENTORY_SEED`), names and stems unique across kinds."""
+    rng, used, out = random.Random(INVENTORY_SEED), set(), {}
+    for kind, n in INVENTORY_SIZES.items():
+        suffixes = {"city": CITY_SUFFIXES, "country": COUNTRY_SUFFIXES}.get(kind, [""])
+        names: list[str] = []
+        while len(names) < n:
+            stem = "".join(rng.choice(SYLLABLES) for _ in range(rng.choice((2, 2, 3)))).capitalize()
+            if stem not in used:
+                used.add(stem)
+                names.append(stem + rng.choice(suffixes))
+        out[kind] = tuple(names)
+    return out
+
+
 class _Namer:
-    """Unique names of 2-3 syllables from :data:`SYLLABLES` (never reused across entities)."""
+    """Unique names drawn at random from :func:`name_inventory` (never reused across entities)."""
 
     def __init__(self, rng: random.Random):
-        self.rng, self.used = rng, set()
+        self.rng, self.left = rng, {k: list(v) for k, v in name_inventory().items()}
+        self.used: set[str] = set()
 
-    def stem(self, syllables: tuple[int, ...] = (2, 2, 3)) -> str:
-        for _ in range(10_000):
-            name = "".join(self.rng.choice(SYLLABLES) for _ in range(self.rng.choice(syllables))).capitalize()
-            if name not in self.used:
-                self.used.add(name)
-                return name
-        raise RuntimeError("ran out of syllable names; lower n_entities")
+    def take(self, kind: str = "stem") -> str:
+        pool = self.left[kind]
+        if not pool:
+            raise ValueError(f"the name inventory ran out of {kind} names; use n_entities <= {MAX_ENTITIES}")
+        name = pool.pop(self.rng.randrange(len(pool)))
+        self.used.add(name)
+        return name
 
 
 def generate_world(seed: int = 0, n_entities: int = 600, test_fraction: float = 0.2,
@@ -172,36 +199,37 @@ def generate_world(seed: int = 0, n_entities: int = 600, test_fraction: float = 
     """
     if n_entities < 20:
         raise ValueError(f"n_entities must be >= 20 for a usable world, got {n_entities}")
+    if n_entities > MAX_ENTITIES:
+        raise ValueError(f"n_entities must be <= {MAX_ENTITIES} (the size of the name inventory), got {n_entities}")
+    if not 1 <= n_countries <= INVENTORY_SIZES["country"]:
+        raise ValueError(f"n_countries must be in [1, {INVENTORY_SIZES['country']}], got {n_countries}")
     if not 0.0 < test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
     params = {"n_entities": n_entities, "test_fraction": test_fraction, "n_countries": n_countries}
     rng, facts, split_of = random.Random(seed), {}, {}
     namer = _Namer(rng)
-    countries = [namer.stem() + rng.choice(COUNTRY_SUFFIXES) for _ in range(n_countries)]
+    countries = [namer.take("country") for _ in range(n_countries)]
     # Splits are drawn first so that every fact on a test question's chain is about test entities:
     # test people are born in test cities, test companies/inventions have test founders/inventors
     # and test headquarters.
-    cities = _make(namer, max(4, n_entities // 5), test_fraction, split_of, CITY_SUFFIXES, rng)
+    cities = _make(namer, max(4, n_entities // 5), test_fraction, split_of, "city")
     for c in cities:
         facts[(c, "country")] = rng.choice(countries)
     in_split = {sp: [c for c in cities if split_of[c] == sp] for sp in ("train", "test")}
-    first_names = [namer.stem((2,)) for _ in range(max(4, n_entities // 20))]
-    surnames = _make(namer, max(4, n_entities * 2 // 5), test_fraction, split_of)
-    people = []
-    for surname in surnames:
-        people.append(f"{rng.choice(first_names)} {surname}")
-        split_of[people[-1]] = split_of[surname]
-        facts[(people[-1], "birthplace")] = rng.choice(in_split[split_of[surname]])
+    people = _make(namer, max(4, n_entities * 2 // 5), test_fraction, split_of, "stem")
+    for person in people:
+        facts[(person, "birthplace")] = rng.choice(in_split[split_of[person]])
+        facts[(person, "birth_year")] = str(rng.randint(1750, 1950))
         facts[(people[-1], "birth_year")] = str(rng.randint(1750, 1950))
     stems: list[str] = []
     companies = []
     for _ in range(max(2, n_entities // 4)):
         # Some companies reuse another company's stem: a distractor sharing a word.
-        stem = rng.choice(stems) if stems and rng.random() < 0.15 else namer.stem()
+        stem = rng.choice(stems) if stems and rng.random() < 0.15 else namer.take()
         stems.append(stem)
         name = f"{stem} {rng.choice(sorted(_COMPANY_KINDS))}"
         while name in companies:
-            name = f"{namer.stem()} {rng.choice(sorted(_COMPANY_KINDS))}"
+            name = f"{namer.take()} {rng.choice(sorted(_COMPANY_KINDS))}"
         companies.append(name)
         founder = rng.choice(people)
         split_of[name] = split_of[founder]
@@ -210,27 +238,27 @@ def generate_world(seed: int = 0, n_entities: int = 600, test_fraction: float = 
         facts[(name, "founded_year")] = str(int(facts[(founder, "birth_year")]) + rng.randint(20, 50))
     inventions = []
     for _ in range(max(2, n_entities * 3 // 20)):
-        inventions.append(f"{namer.stem()} {rng.choice(_DEVICES)}")
+        inventions.append(f"{namer.take()} {rng.choice(_DEVICES)}")
         inventor = rng.choice(people)
         split_of[inventions[-1]] = split_of[inventor]
         facts[(inventions[-1], "inventor")] = inventor
         facts[(inventions[-1], "invented_year")] = str(int(facts[(inventor, "birth_year")]) + rng.randint(20, 60))
     entities = {"person": people, "company": companies, "invention": inventions, "city": cities,
                 "country": countries}
-    passages = _passages(rng, entities, facts, surnames)
+    passages = _passages(rng, entities, facts)
     train, test = _questions(rng, entities, facts, split_of)
     return World(seed, params, passages, train, test, facts, entities, split_of, sorted(namer.used))
 
 
-def _make(namer: _Namer, n: int, test_fraction: float, split_of: dict, suffixes=(), rng=None) -> list[str]:
+def _make(namer: _Namer, n: int, test_fraction: float, split_of: dict, kind: str) -> list[str]:
     """``n`` new names; the first ``round(test_fraction * n)`` (at least one) are test."""
-    names = [namer.stem() + (rng.choice(suffixes) if suffixes else "") for _ in range(n)]
+    names = [namer.take(kind) for _ in range(n)]
     n_test = max(1, round(test_fraction * n))
     split_of.update({name: ("test" if i < n_test else "train") for i, name in enumerate(names)})
     return names
 
 
-def _passages(rng: random.Random, entities: dict, facts: dict, surnames: list[str]) -> list[Passage]:
+def _passages(rng: random.Random, entities: dict, facts: dict) -> list[Passage]:
     """Encyclopedia passages: every fact sentence verbatim, plus distractors sharing words."""
     rows: list[tuple[str, str]] = []
     founded_by = {facts[(c, "founder")]: c for c in entities["company"]}
@@ -253,7 +281,7 @@ def _passages(rng: random.Random, entities: dict, facts: dict, surnames: list[st
         rows.append((c, claim(c, "country")))
     for k in entities["country"]:
         rows.append((k, f"{k} is a country with {rng.randint(2, 40)} provinces."))
-    for s in rng.sample(surnames, len(surnames) // 3):  # distractors: families and fairs
+    for s in rng.sample(entities["person"], len(entities["person"]) // 3):  # distractors: families and fairs
         rows.append((f"{s} family", f"The {s} family kept a shop in {rng.choice(entities['city'])}."))
     for c in rng.sample(entities["city"], len(entities["city"]) // 3):
         rows.append((f"{c} Fair", f"The {c} Fair is held every summer. Traders come from {rng.choice(entities['city'])}."))

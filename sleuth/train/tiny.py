@@ -3,8 +3,9 @@
 ``tiny_cache.load_or_pretrain_tiny(world)`` returns a directory that ``AutoModelForCausalLM.from_pretrained``
 and ``AutoTokenizer.from_pretrained`` load. The default one (world seed 0, default specs) ships in
 the package (``sleuth/assets/tiny``, rebuilt by ``python -m sleuth.train.tiny_cache``), so a fresh clone
-needs no pretraining; any other world or spec is pretrained once (~10-25 minutes on 2 CPU cores,
-one thread; the issue's target is 3) and cached under ``$SLEUTH_CACHE`` (default
+needs no pretraining. It serves every world: the tokenizer holds the whole name inventory and the
+transcripts rename every name at random, so the model knows the format and how to copy, no fact.
+Any other spec is pretrained once (~9.5 minutes at the defaults on 2 CPU cores, one thread) and cached under ``$SLEUTH_CACHE`` (default
 ``~/.cache/sleuth``), keyed by a hash of the world, the model spec, the pretraining spec, the seed
 and ``TINY_VERSION``.
 
@@ -26,7 +27,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from sleuth.data.world import CITY_SUFFIXES, COUNTRY_SUFFIXES, World
+from sleuth.data.world import World, name_inventory
 from sleuth.rollout.formats import SearchR1Format
 from sleuth.train.tiny_data import (  # noqa: F401  (re-exported: the tiny model's public names)
     GUESS_OPENING,
@@ -41,16 +42,16 @@ from sleuth.train.tiny_data import (  # noqa: F401  (re-exported: the tiny model
 )
 from sleuth.types import Question
 
-TINY_VERSION = 3  # bump when synthesis or training changes: part of the cache key
+TINY_VERSION = 4  # bump when synthesis or training changes: part of the cache key
 TAGS = ["<think>", "</think>", "<search>", "</search>", "<information>", "</information>", "<answer>", "</answer>"]
 EOS, PAD = "<|endoftext|>", "<|pad|>"
 
 
 @dataclass(frozen=True)
 class TinyModelSpec:
-    """A Llama-architecture decoder; ~0.4M parameters at the defaults (with a ~1.8k vocabulary).
-    Hidden size 128 (1.3M) copied no better than 64 trained three times as long, at twice the cost
-    per step."""
+    """A Llama-architecture decoder; ~0.46M parameters at the defaults (with a ~3.1k vocabulary, every
+    invented name and year one token). With two-token names (before TINY_VERSION 4) copying a name's
+    second token from a passage stayed at 62% and capped EM near 0.44; with one token it is ~100%."""
 
     hidden_size: int = 64
     intermediate_size: int = 256
@@ -98,25 +99,28 @@ class PretrainSpec:
 # ---------------------------------------------------------------------------------------------
 
 
-def build_tokenizer(texts: list[str], stems: list[str]):
+def build_tokenizer(texts: list[str], names: list[str] | None = None):
     """A byte-level unigram tokenizer with a vocabulary we choose: every word of ``texts`` seen twice
-    or more is one token, except invented names; each invented stem is one token, city and country
-    suffixes and the halves of years ("Ġ18", "06") are tokens, so every name and year is two tokens.
-    Anything else falls back to bytes. Protocol tags are single added (non-special) tokens;
-    ``<|endoftext|>`` is eos (and bos), ``<|pad|>`` pad."""
+    or more is one token, and so is every invented name (``names``, default: the whole
+    :func:`~sleuth.data.world.name_inventory`, so the tokenizer serves every world), every year
+    1700-2029 and every number 1-40 (after a space; names also without it). Copying a name or a year from a passage is
+    then one token. Anything else falls back to bytes. Protocol tags are single added (non-special)
+    tokens; ``<|endoftext|>`` is eos (and bos), ``<|pad|>`` pad."""
     from collections import Counter
 
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
+    if names is None:
+        names = [n for group in name_inventory().values() for n in group]
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
     extra = [TINY_INSTRUCTION, SearchR1Format().user_content(Question("x", "x", ("x",))),
              SearchR1Format().render_invalid(), SearchR1Format().render_error("no results")]
     counts = Counter(w for t in [*texts, *extra] for w, _ in byte_level.pre_tokenize_str(_strip_tags(t)))
-    pieces = [p + stem for stem in stems for p in ("Ġ", "")] + CITY_SUFFIXES + COUNTRY_SUFFIXES
-    pieces += [f"Ġ{c}" for c in range(1, 21)] + [f"{n:02d}" for n in range(100)]
-    names = set(stems) | {s + suffix for s in stems for suffix in CITY_SUFFIXES + COUNTRY_SUFFIXES}
-    words = sorted(w for w, n in counts.items() if n >= 2 and w.lstrip("Ġ") not in names and not w.lstrip("Ġ").isdigit())
+    # names also without the space: a passage's title is quoted ('(Title: "Lukon")')
+    pieces = [p + name for name in names for p in ("Ġ", "")] + [f"Ġ{n}" for n in [*range(1, 41), *range(1700, 2030)]]
+    name_set = set(names)
+    words = sorted(w for w, n in counts.items() if n >= 2 and w.lstrip("Ġ") not in name_set and not w.lstrip("Ġ").isdigit())
     vocab = [(EOS, 0.0), (PAD, 0.0)] + [(c, -12.0) for c in sorted(pre_tokenizers.ByteLevel.alphabet())]
     seen = {v for v, _ in vocab}
     for group, score in ((words, -2.0), (pieces, -3.0)):
@@ -130,8 +134,8 @@ def build_tokenizer(texts: list[str], stems: list[str]):
 
 
 def _strip_tags(text: str) -> str:
-    for t in TAGS:
-        text = text.replace(t, " ")
+    for t in TAGS:  # a tag is a token of its own: the word after it starts a pre-token ("Doc", not "ĠDoc")
+        text = text.replace(t, "\n")
     return text
 
 
@@ -266,7 +270,7 @@ def pretrain_tiny(world: World, out_dir: str | Path, model_spec: TinyModelSpec =
     docs = pretraining_docs(world, spec, seed)
     # The vocabulary: the passages and a sample of transcripts hold every word the templates use.
     sample = [text for segments, _ in docs[:1000] for text, _ in segments]
-    tokenizer = build_tokenizer([p.contents for p in world.passages] + sample, world.stems)
+    tokenizer = build_tokenizer([p.contents for p in world.passages] + sample)
     model = build_model(model_spec, tokenizer, seed)
     opening = tokenizer(SEARCH_OPENING, add_special_tokens=False)["input_ids"][:3]  # <think> I need
     encoded = encode_docs(tokenizer, docs, opening, train_injected=spec.train_injected)

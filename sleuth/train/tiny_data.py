@@ -13,8 +13,7 @@ from __future__ import annotations
 import random
 from typing import TYPE_CHECKING
 
-from sleuth.data.world import (CITY_SUFFIXES, COUNTRY_SUFFIXES, RELATIONS, World, claim_text, hop_query, need_text,
-                               said_text)
+from sleuth.data.world import RELATIONS, World, claim_text, hop_query, name_inventory, need_text, said_text
 from sleuth.rollout.formats import SearchR1Format, normalize_question
 from sleuth.types import Passage, Question
 
@@ -129,36 +128,32 @@ def synthesize_transcript(world: World, q: Question, fmt, search: Bm25Search, sp
 
 
 class Renamer:
-    """Renames every invented name in a transcript by one random permutation of the world's stems
-    (``Tonpo Munbu`` -> ``Gasel Dofin``, ``Vonsinport`` -> ``Kadoport``), the same way in the question,
-    the queries, the passages and the answer. Names then carry nothing to memorise: the only way to
-    predict a query or an answer is to copy it from the context, and every stem (test ones too) is
-    a copy target during pretraining, so none is learnt as "never said"."""
+    """Renames every invented name in a transcript by one random permutation of the
+    :func:`~sleuth.data.world.name_inventory`, kind by kind (``Bansozun`` -> ``Tanzin``,
+    ``Budoport`` -> ``Lenfakonport``), the same way in the question, the queries, the passages and
+    the answer. Names then carry nothing to memorise: the only way to predict a query or an answer
+    is to copy it from the context, and every name of the inventory (those of any world's test
+    questions too) is a copy target during pretraining, so none is learnt as "never said"."""
 
-    def __init__(self, world: World):
+    def __init__(self):
         import re
 
-        self.stems, stem_set = list(world.stems), set(world.stems)
-        self.parts: dict[str, tuple[str, str]] = {}
-        for names in world.entities.values():
-            for word in (w for name in names for w in name.split()):
-                if word in stem_set:
-                    self.parts[word] = (word, "")
-                for suffix in CITY_SUFFIXES + COUNTRY_SUFFIXES:
-                    if word.endswith(suffix) and word[:-len(suffix)] in stem_set:
-                        self.parts[word] = (word[:-len(suffix)], suffix)
+        self.groups = [list(group) for group in name_inventory().values()]
+        self.group_of = {name: n for n, group in enumerate(self.groups) for name in group}
         self._word = re.compile(r"[A-Z][a-z]+")
 
     def __call__(self, segments: list[tuple[str, bool]], rng: random.Random) -> list[tuple[str, bool]]:
-        shuffled = self.stems[:]
-        rng.shuffle(shuffled)
-        perm = dict(zip(self.stems, shuffled))
-
-        def swap(m) -> str:
-            parts = self.parts.get(m.group(0))
-            return m.group(0) if parts is None else perm[parts[0]] + parts[1]
-
-        return [(self._word.sub(swap, text), trained) for text, trained in segments]
+        # A random one-to-one map of the names present (as a whole permutation would, restricted).
+        present: list[list[str]] = [[] for _ in self.groups]
+        for text, _ in segments:
+            for word in self._word.findall(text):
+                if word in self.group_of and word not in present[self.group_of[word]]:
+                    present[self.group_of[word]].append(word)
+        perm = {}
+        for group, names in zip(self.groups, present):
+            perm.update(zip(names, rng.sample(group, len(names))))
+        return [(self._word.sub(lambda m: perm.get(m.group(0), m.group(0)), text), trained)
+                for text, trained in segments]
 
 
 SEARCH_OPENING = "<think> I need to find"  # how every searching transcript starts
@@ -178,7 +173,7 @@ def pretraining_docs(world: World, spec: PretrainSpec, seed: int) -> list[tuple[
     f, p = spec.search_fraction, spec.p_search
     keep = p * (1 - f) / (f * (1 - p))  # P(decision trained | searching): f*keep / (f*keep + 1-f) = p
     docs = [([(passage.contents, True)], False) for passage in world.passages] if spec.passage_docs else []
-    rename = Renamer(world) if spec.rename else None
+    rename = Renamer() if spec.rename else None
     for n in range(spec.n_transcripts):
         segments = synthesize_transcript(world, world.train[n % len(world.train)], fmt, search, spec, rng)
         segments = rename(segments, rng) if rename else segments

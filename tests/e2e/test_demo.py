@@ -32,20 +32,25 @@ def test_demo_cli_runs_end_to_end_and_reports(tmp_path, capsys):
     capsys.readouterr()
     assert main(["demo", "--out", str(tmp_path / "bad"), "--set", "train.no_such_key=1"]) == 2
     assert "no_such_key" in capsys.readouterr().err  # a bad override is refused, naming the key
+    assert main(["demo", "--out", str(tmp_path / "big"), "--world-entities", "5000"]) == 2
+    assert "name inventory" in capsys.readouterr().err  # a world too big for the name inventory
+    assert not (tmp_path / "big").exists()  # refused before any work
 
 
 def test_demo_learns_to_search(tmp_path):
-    """The CI learning test: from the shipped tiny base model, GRPO with search on the embedded
-    world (fixed seeds, 60 test questions) must raise test EM by a wide margin and make the model
-    search. ~3-4 minutes on 2 CPU cores."""
-    result = run_demo(tmp_path / "learn", steps=LEARN_STEPS, eval_limit=60, progress=False, ablation=False)
+    """The CI learning test: from the shipped tiny base model, GRPO with search on a smaller world
+    than the default one (another seed: other names, facts and questions; fixed seeds) must raise
+    test EM by a wide margin and make the model search. ~3 minutes on 2 CPU cores."""
+    result = run_demo(tmp_path / "learn", steps=LEARN_STEPS, world_seed=LEARN_WORLD[0], world_entities=LEARN_WORLD[1],
+                      progress=False, ablation=False)
     assert result["base_em"] <= 0.15, result
     assert result["trained_em"] >= result["base_em"] + LEARN_MARGIN, result
-    assert result["single_hop_em"] >= 0.35, result
+    assert result["single_hop_em"] >= 0.6 and result["two_hop_em"] >= 0.3, result  # the issue's targets
     assert result["searches_per_question"] >= 0.8 > result["base_searches_per_question"], result
 
 
-LEARN_STEPS, LEARN_MARGIN = 40, 0.25  # measured 2026-11-22: base 0.0 -> trained 0.38 (single-hop 0.53)
+LEARN_WORLD = (1, 200)  # seed, entities: 134 test questions
+LEARN_STEPS, LEARN_MARGIN = 40, 0.5  # measured 2026-11-23: EM 0.07 -> 0.93 (single-hop 0.94, two-hop 0.90), 2.3 min
 
 
 @pytest.mark.skipif(

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from sleuth.data.world import generate_world, hop_query, need_text
+from sleuth.data.world import generate_world, hop_query, name_inventory, need_text
 from sleuth.train import tiny, tiny_cache
 
 pytestmark = pytest.mark.unit
@@ -53,7 +53,7 @@ def test_guessing_transcript_has_no_search(world, search):
 
 
 def test_renamer_is_one_consistent_permutation(world, search):
-    fmt, rename = tiny.make_format("tiny"), tiny.Renamer(world)
+    fmt, rename = tiny.make_format("tiny"), tiny.Renamer()
     q = next(q for q in world.train if len(q.meta["chain"]) == 2)
     segments = tiny.synthesize_transcript(world, q, fmt, search, _clean_spec(), random.Random(1))
     renamed = rename(segments, random.Random(7))
@@ -74,23 +74,36 @@ def test_renamer_is_one_consistent_permutation(world, search):
 
     blank = lambda text: re.sub(r"[A-Z][a-z]+", "N", text)  # noqa: E731
     assert [blank(t) for t, _ in renamed] == [blank(t) for t, _ in segments]
+    # Each name becomes another name of its own inventory kind (a city stays a city).
+    inventory = name_inventory()
+    kind_of = {n: k for k, group in inventory.items() for n in group}
+    for (old, _), (new, _) in zip(segments, renamed):
+        old_names = [w for w in re.findall(r"[A-Z][a-z]+", old) if w in kind_of]
+        new_names = [w for w in re.findall(r"[A-Z][a-z]+", new) if w in kind_of]
+        assert old_names and len(old_names) == len(new_names)
+        assert [kind_of[w] for w in old_names] == [kind_of[w] for w in new_names]
     # Deterministic by rng, different across draws.
     assert rename(segments, random.Random(7)) == renamed and rename(segments, random.Random(8)) != renamed
 
 
-def test_tokenizer_spells_names_and_years_in_two_tokens(world):
+def test_tokenizer_spells_names_and_years_in_one_token(world):
     docs = tiny.pretraining_docs(world, tiny.PretrainSpec(n_transcripts=50), seed=0)
-    tok = tiny.build_tokenizer([text for segments, _ in docs for text, _ in segments], world.stems)
-    for name in world.entities["person"][:5] + world.entities["city"][:5] + world.entities["country"][:5]:
-        assert len(tok(" " + name, add_special_tokens=False)["input_ids"]) == 2, name
-    assert tok.convert_ids_to_tokens(tok(" 1859", add_special_tokens=False)["input_ids"]) == ["Ġ18", "59"]
+    tok = tiny.build_tokenizer([text for segments, _ in docs for text, _ in segments])
+    other = generate_world(seed=9, n_entities=100)  # any world: the vocabulary holds the whole inventory
+    for w in (world, other):
+        for name in w.entities["person"][:5] + w.entities["city"][:5] + w.entities["country"][:5]:
+            assert tok.convert_ids_to_tokens(tok(" " + name, add_special_tokens=False)["input_ids"]) == ["Ġ" + name]
+            assert len(tok('(Title: "' + name + '")', add_special_tokens=False)["input_ids"]) == 6  # ( Title : Ġ" name ")
+    assert tok.convert_ids_to_tokens(tok(" born in 1859", add_special_tokens=False)["input_ids"]) == ["Ġborn", "Ġin", "Ġ1859"]
+    # after a tag, a word starts its own pre-token (no space): "Doc" is one token there
+    assert tok.convert_ids_to_tokens(tok("<information>Doc 1", add_special_tokens=False)["input_ids"]) == ["<information>", "Doc", "Ġ1"]
     for tag in tiny.TAGS:
         assert len(tok(tag, add_special_tokens=False)["input_ids"]) == 1
 
 
 def test_encode_docs_masks_injected_text_and_the_dropped_decision(world):
     docs = tiny.pretraining_docs(world, tiny.PretrainSpec(n_transcripts=30), seed=0)
-    tok = tiny.build_tokenizer([text for segments, _ in docs for text, _ in segments], world.stems)
+    tok = tiny.build_tokenizer([text for segments, _ in docs for text, _ in segments])
     opening = tok(tiny.SEARCH_OPENING, add_special_tokens=False)["input_ids"][:3]
     encoded = tiny.encode_docs(tok, docs, opening)
     assert any(drop for _, drop in docs) and any(not drop for _, drop in docs)

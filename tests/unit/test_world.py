@@ -6,6 +6,8 @@ import pytest
 
 from sleuth.data.world import (
     CITY_SUFFIXES,
+    INVENTORY_SIZES,
+    MAX_ENTITIES,
     NEEDS,
     PHRASES,
     QUESTION_TYPES,
@@ -14,6 +16,7 @@ from sleuth.data.world import (
     claim_text,
     generate_world,
     hop_query,
+    name_inventory,
     need_text,
     said_text,
 )
@@ -61,20 +64,33 @@ def test_deterministic_by_seed(world):
     assert other.fingerprint() != world.fingerprint()
 
 
-def test_names_are_syllables_and_unique(world):
+def test_names_are_one_word_from_the_inventory_and_unique(world):
     names = [n for kind in ("person", "company", "invention", "city", "country") for n in world.entities[kind]]
     assert len(names) == len(set(names))
     # 200 entities: 80 people, 50 companies, 30 inventions, 40 cities (+24 countries).
     assert [len(world.entities[k]) for k in ("person", "company", "invention", "city")] == [80, 50, 30, 40]
+    inventory = name_inventory()
+    assert {k: len(v) for k, v in inventory.items()} == INVENTORY_SIZES
+    everything = [n for group in inventory.values() for n in group]
+    assert len(everything) == len(set(everything)) and name_inventory() is inventory  # fixed, not per world
+    people, cities = set(world.entities["person"]), set(world.entities["city"])
+    assert people <= set(inventory["stem"]) and cities <= set(inventory["city"])
+    assert set(world.entities["country"]) <= set(inventory["country"])
+    for name in world.entities["company"] + world.entities["invention"]:  # an inventory stem + a kind word
+        assert name.split()[0] in inventory["stem"] and len(name.split()) == 2
+    assert set(world.stems) == people | cities | set(world.entities["country"]) | {
+        n.split()[0] for n in world.entities["company"] + world.entities["invention"]}
     syl = set(SYLLABLES)
     for city in world.entities["city"]:
         suffix = next(x for x in CITY_SUFFIXES if city.endswith(x))  # a stem + a city suffix
-        assert city[:-len(suffix)] in world.stems
         rest = city[:-len(suffix)].lower()  # every stem is a concatenation of inventory syllables
         while rest:
             step = next((s for s in sorted(syl, key=len, reverse=True) if rest.startswith(s)), None)
             assert step is not None, city
             rest = rest[len(step):]
+    # Two worlds of other seeds and sizes draw from the same inventory, differently.
+    other = generate_world(seed=4, n_entities=100)
+    assert set(other.entities["person"]) <= set(inventory["stem"]) and other.entities["person"] != world.entities["person"][:40]
 
 
 def test_questions_ids_sources_and_answers(world):
@@ -178,5 +194,9 @@ def test_write_files_and_load_with_the_qa_loader(world, tmp_path):
 def test_bad_parameters_are_errors():
     with pytest.raises(ValueError, match="n_entities"):
         generate_world(n_entities=5)
+    with pytest.raises(ValueError, match="name inventory"):
+        generate_world(n_entities=MAX_ENTITIES + 1)
+    with pytest.raises(ValueError, match="n_countries"):
+        generate_world(n_countries=INVENTORY_SIZES["country"] + 1)
     with pytest.raises(ValueError, match="test_fraction"):
         generate_world(test_fraction=1.5)
