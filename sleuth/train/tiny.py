@@ -4,9 +4,9 @@
 and ``AutoTokenizer.from_pretrained`` load. The default one (world seed 0, default specs) ships in
 the package (``sleuth/assets/tiny``, rebuilt by ``python -m sleuth.train.tiny_cache``), so a fresh clone
 needs no pretraining. It serves every world: the tokenizer holds the whole name inventory and the
-transcripts rename every name at random, so the model knows the format and how to copy, no fact.
-Any other spec is pretrained once (~9.5 minutes at the defaults on 2 CPU cores, one thread) and cached under ``$SLEUTH_CACHE`` (default
-``~/.cache/sleuth``), keyed by a hash of the world, the model spec, the pretraining spec, the seed
+transcripts rename every name and year at random, so the model knows the format and how to copy,
+no fact. Any other spec is pretrained once (2.4 minutes at the defaults on an idle 2-core CPU) and
+cached under ``$SLEUTH_CACHE`` (default ``~/.cache/sleuth``), keyed by a hash of the world, the model spec, the pretraining spec, the seed
 and ``TINY_VERSION``.
 
 Pretraining: a copy warm-up (random-token repeats, which grow the induction heads that copying a
@@ -42,20 +42,20 @@ from sleuth.train.tiny_data import (  # noqa: F401  (re-exported: the tiny model
 )
 from sleuth.types import Question
 
-TINY_VERSION = 4  # bump when synthesis or training changes: part of the cache key
+TINY_VERSION = 5  # bump when synthesis or training changes: part of the cache key
 TAGS = ["<think>", "</think>", "<search>", "</search>", "<information>", "</information>", "<answer>", "</answer>"]
 EOS, PAD = "<|endoftext|>", "<|pad|>"
 
 
 @dataclass(frozen=True)
 class TinyModelSpec:
-    """A Llama-architecture decoder; ~0.46M parameters at the defaults (with a ~3.1k vocabulary, every
+    """A Llama-architecture decoder; ~0.33M parameters at the defaults (with a ~3.1k vocabulary, every
     invented name and year one token). With two-token names (before TINY_VERSION 4) copying a name's
     second token from a passage stayed at 62% and capped EM near 0.44; with one token it is ~100%."""
 
     hidden_size: int = 64
     intermediate_size: int = 256
-    num_hidden_layers: int = 4
+    num_hidden_layers: int = 2  # two layers copy as well as four (measured: demo EM 0.998 vs 0.91), 40% cheaper
     num_attention_heads: int = 4
     max_position_embeddings: int = 512
 
@@ -91,7 +91,7 @@ class PretrainSpec:
     # ("Doc 1(Title: "X") X was ...") are dense copy practice, which grows the copy heads
     weight_decay: float = 0.05
     warmup_frac: float = 0.05
-    threads: int = 1  # tiny ops: one thread beats two (4x on a busy 2-core machine)
+    threads: int = 2  # 1.75x one thread on an idle 2-core machine; on a busy one, use 1 (2 can be 4x slower)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -219,6 +219,19 @@ def _batch_tensors(batch: list[tuple[list[int], list[int]]], pad_id: int):
     return input_ids_BT, labels_BT, mask_BT
 
 
+def lm_loss(model, input_ids_BT, labels_BT, mask_BT):
+    """The causal-LM loss of ``model(..., labels=labels_BT).loss`` (mean over the labelled next
+    tokens), with the output layer applied to the labelled positions only: the prompt and the
+    drill rows' heads cost no logits (the output layer is ~40% of the tiny model's compute)."""
+    import torch.nn.functional as F
+
+    hidden_BTH = model.model(input_ids=input_ids_BT, attention_mask=mask_BT).last_hidden_state
+    target_BT = labels_BT[:, 1:]
+    keep_BT = target_BT != -100
+    logits_NV = model.lm_head(hidden_BTH[:, :-1][keep_BT])
+    return F.cross_entropy(logits_NV.float(), target_BT[keep_BT])
+
+
 def copy_drill_rows(token_ids: list[int], n_rows: int, rng: random.Random, sep_id: int,
                     max_noise: int = 6, answer_tails: list[list[int]] = (), answer_share: float = 0.0,
                     cue: bool = False):
@@ -303,7 +316,7 @@ def pretrain_tiny(world: World, out_dir: str | Path, model_spec: TinyModelSpec =
                 start = step * spec.drill_world_rows % max(1, len(rows) - spec.drill_world_rows)
                 batch = batch + rows[start:start + spec.drill_world_rows]
             input_ids_BT, labels_BT, mask_BT = _batch_tensors(batch, tokenizer.pad_token_id)
-            loss = model(input_ids=input_ids_BT, attention_mask=mask_BT, labels=labels_BT).loss
+            loss = lm_loss(model, input_ids_BT, labels_BT, mask_BT)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()

@@ -83,7 +83,7 @@ def _random_object(world: World, kind: str, rng: random.Random) -> str:
 
 def _wrong_query(world: World, subject: str, kind: str, rng: random.Random) -> str:
     if rng.random() < 0.3 and " " in subject:
-        return subject.split(" ")[0]  # a partial name (a shared first name or company stem)
+        return subject.split(" ")[0]  # a partial name (a company or invention stem, shared by some)
     pool = [e for e in world.entities[kind] if e != subject and world.split_of.get(e) == "train"]
     return rng.choice(pool)
 
@@ -131,16 +131,19 @@ class Renamer:
     """Renames every invented name in a transcript by one random permutation of the
     :func:`~sleuth.data.world.name_inventory`, kind by kind (``Bansozun`` -> ``Tanzin``,
     ``Budoport`` -> ``Lenfakonport``), the same way in the question, the queries, the passages and
-    the answer. Names then carry nothing to memorise: the only way to predict a query or an answer
-    is to copy it from the context, and every name of the inventory (those of any world's test
-    questions too) is a copy target during pretraining, so none is learnt as "never said"."""
+    the answer; years too (1700-2029, one map per transcript). Names and years then carry nothing
+    to memorise: the only way to predict a query or an answer is to copy it from the context, and
+    every name of the inventory (those of any world's test questions too) and every year is a copy
+    target during pretraining, so none is learnt as "never said"."""
 
     def __init__(self):
         import re
 
         self.groups = [list(group) for group in name_inventory().values()]
         self.group_of = {name: n for n, group in enumerate(self.groups) for name in group}
-        self._word = re.compile(r"[A-Z][a-z]+")
+        self._word = re.compile(r"[A-Z][a-z]+|\b(?:1[7-9]\d\d|20[0-2]\d)\b")  # a name or a year 1700-2029
+        self.groups.append([str(y) for y in range(1700, 2030)])
+        self.group_of.update({year: len(self.groups) - 1 for year in self.groups[-1]})
 
     def __call__(self, segments: list[tuple[str, bool]], rng: random.Random) -> list[tuple[str, bool]]:
         # A random one-to-one map of the names present (as a whole permutation would, restricted).

@@ -40,7 +40,7 @@ def test_demo_cli_runs_end_to_end_and_reports(tmp_path, capsys):
 def test_demo_learns_to_search(tmp_path):
     """The CI learning test: from the shipped tiny base model, GRPO with search on a smaller world
     than the default one (another seed: other names, facts and questions; fixed seeds) must raise
-    test EM by a wide margin and make the model search. ~3 minutes on 2 CPU cores."""
+    test EM by a wide margin and make the model search. ~1.2 minutes on 2 CPU cores."""
     result = run_demo(tmp_path / "learn", steps=LEARN_STEPS, world_seed=LEARN_WORLD[0], world_entities=LEARN_WORLD[1],
                       progress=False, ablation=False)
     assert result["base_em"] <= 0.15, result
@@ -50,7 +50,7 @@ def test_demo_learns_to_search(tmp_path):
 
 
 LEARN_WORLD = (1, 200)  # seed, entities: 134 test questions
-LEARN_STEPS, LEARN_MARGIN = 40, 0.5  # measured 2026-11-23: EM 0.07 -> 0.93 (single-hop 0.94, two-hop 0.90), 2.3 min
+LEARN_STEPS, LEARN_MARGIN = 40, 0.5  # measured 2026-11-23: EM 0.0 -> 0.955 (single-hop 0.95, two-hop 0.96), 1.2 min
 
 
 @pytest.mark.skipif(

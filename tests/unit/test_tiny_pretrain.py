@@ -72,7 +72,7 @@ def test_renamer_is_one_consistent_permutation(world, search):
     # Words that are not names are untouched: the same text once names are blanked.
     import re
 
-    blank = lambda text: re.sub(r"[A-Z][a-z]+", "N", text)  # noqa: E731
+    blank = lambda text: re.sub(r"[A-Z][a-z]+|\d{4}", "N", text)  # noqa: E731
     assert [blank(t) for t, _ in renamed] == [blank(t) for t, _ in segments]
     # Each name becomes another name of its own inventory kind (a city stays a city).
     inventory = name_inventory()
@@ -84,6 +84,16 @@ def test_renamer_is_one_consistent_permutation(world, search):
         assert [kind_of[w] for w in old_names] == [kind_of[w] for w in new_names]
     # Deterministic by rng, different across draws.
     assert rename(segments, random.Random(7)) == renamed and rename(segments, random.Random(8)) != renamed
+    # Years (1700-2029) are renamed one-to-one too; other numbers are not.
+    seen = set()
+    for seed in range(20):
+        (text, trained), = rename([("Doc 1 born in 1859. Then 1859, 1900 and 2031.", True)], random.Random(seed))
+        m = re.fullmatch(r"Doc 1 born in (\d{4})\. Then (\d{4}), (\d{4}) and 2031\.", text)
+        assert trained and m, text
+        y1, y1_again, y2 = m.groups()
+        assert y1 == y1_again != y2 and all(1700 <= int(y) <= 2029 for y in (y1, y2))
+        seen.add(y1)
+    assert len(seen) > 10  # a random map, not a fixed one
 
 
 def test_tokenizer_spells_names_and_years_in_one_token(world):
@@ -116,6 +126,28 @@ def test_encode_docs_masks_injected_text_and_the_dropped_decision(world):
         start = lens[0]  # the first response token
         assert labels[:start] == [-100] * start
         assert (labels[start + 2] == -100) == drop  # "<think> I need": the decision is the third token
+
+
+def test_lm_loss_equals_the_models_own_loss():
+    """lm_loss computes logits at the labelled positions only; the loss must be the model's own."""
+    import torch
+
+    tok = tiny.build_tokenizer(["a b c a b c"], names=["Minfi"])
+    model = tiny.build_model(tiny.TinyModelSpec(hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                                num_attention_heads=2), tok, seed=0)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, len(tok), (3, 7), generator=g)
+    labels = ids.clone()
+    labels[0, :4] = -100  # a prompt
+    labels[1, ::2] = -100  # scattered
+    labels[2, 5:] = -100  # padding
+    mask = torch.ones_like(ids)
+    mask[2, 5:] = 0
+    ours = tiny.lm_loss(model, ids, labels, mask)
+    theirs = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+    assert torch.allclose(ours, theirs, atol=1e-6), (ours, theirs)
+    ours.backward()
+    assert model.model.embed_tokens.weight.grad.abs().sum() > 0
 
 
 def test_pack_rows_by_hand():
