@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
+import uuid
 from pathlib import Path
 
 from sleuth.config import RetrievalConfig
@@ -45,7 +47,21 @@ def bm25_for_corpus(corpus: str | Path, *, show_progress: bool = False) -> Retri
         raise FileNotFoundError(f"retrieval.corpus {corpus} does not exist")
     out = _cache_dir() / "indexes" / f"bm25-{_file_digest(corpus)}"
     if not (out / META_FILE).exists():
-        build_index(corpus, "bm25", out, overwrite=True, show_progress=show_progress)
+        # Built aside and published by one rename: processes that start together (torchrun ranks,
+        # parallel runs) never read a half-written index, whoever wins the race.
+        tmp = out.with_name(f"{out.name}.tmp-{uuid.uuid4().hex[:12]}")
+        try:
+            build_index(corpus, "bm25", tmp, show_progress=show_progress)
+            for _ in range(2):
+                try:
+                    tmp.rename(out)
+                    break
+                except OSError:
+                    if (out / META_FILE).exists():
+                        break  # another process published it first
+                    shutil.rmtree(out, ignore_errors=True)  # a partial directory left by an interrupted build
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return load_index(out)
 
 
