@@ -187,6 +187,7 @@ def policy_update(
     n_stats = steps = skipped = 0
     grad_norms, losses = [], []
     lengths = batch.attention_mask_BT.sum(-1).tolist()
+    lr = optimizer.param_groups[0]["lr"]  # the rate this update uses (the scheduler moves it after)
     for _ in range(epochs):
         perm = torch.randperm(B, generator=gen).tolist() if mini_batches > 1 else list(range(B))
         for m in range(mini_batches):
@@ -229,7 +230,7 @@ def policy_update(
     out["algo/grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
     out["algo/optimizer_steps"] = steps
     out["algo/skipped_steps"] = skipped
-    out["algo/lr"] = optimizer.param_groups[0]["lr"]
+    out["algo/lr"] = lr
     return out
 
 

@@ -102,6 +102,24 @@ def test_non_finite_loss_skips_the_step():
         assert torch.equal(p, q)
 
 
+def test_logged_lr_is_the_rate_the_update_used():
+    """With a scheduler, algo/lr is the rate of this update, not the next one's: a rate that doubles
+    per update (0.1, 0.2, 0.4) logs 0.1, 0.2, 0.4 (it logged 0.2, 0.4, 0.8 before the fix)."""
+    tok = tiny_tokenizer()
+    ids, att, loss_mask = _batch(tok)
+    pol = tiny_model(tok, seed=1).train()
+    adv = loss_mask.float()
+    opt = torch.optim.SGD(pol.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 2.0 ** step)
+    logged = []
+    for _ in range(3):
+        batch = UpdateBatch(ids, att, loss_mask, adv, batched_logprobs(pol, ids, att, micro_batch_size=4))
+        logged.append(policy_update(pol, opt, batch, AlgoConfig(kl_coef=0.0), micro_batch_size=4, grad_clip=None,
+                                    scheduler=sched)["algo/lr"])
+    assert logged == pytest.approx([0.1, 0.2, 0.4])
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.8)  # the next update's rate
+
+
 def test_bucketed_logprobs_equal_full_batch():
     tok = tiny_tokenizer()
     ids, att, _ = _batch(tok)
