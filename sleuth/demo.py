@@ -63,6 +63,9 @@ def run_demo(out: Path, *, steps: int = DEMO_STEPS, seed: int = 0, world_seed: i
     from sleuth.data.world import generate_world
     from sleuth.train.loop import Trainer
 
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # no "Loading weights" bars between the demo's own lines
     t0 = time.time()
     world_args = dict(world_seed=world_seed, world_entities=world_entities)
     apply_overrides(demo_config("tiny", steps=steps, seed=seed, fmt="search_r1", **world_args),
