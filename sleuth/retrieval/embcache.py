@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import uuid
 from pathlib import Path
 from typing import Iterator
 
@@ -68,9 +69,11 @@ def encode_corpus(store: CorpusStore, model, cache_root: Path, passage_prefix: s
         chunk_rows = int(json.loads((directory / "key.json").read_text())["chunk_rows"])
     get_dim = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
     dim = int(get_dim())
-    (directory / "key.json").write_text(json.dumps(
+    key_tmp = directory / f"key.json.tmp-{uuid.uuid4().hex[:12]}"  # written aside: a reader never sees half
+    key_tmp.write_text(json.dumps(
         {"encoder": encoder_id, "passage_prefix": passage_prefix, "corpus_sha256": store.fingerprint(),
          "n": n, "chunk_rows": chunk_rows, "dim": dim}, indent=2))
+    os.replace(key_tmp, directory / "key.json")
     chunks = EmbeddingChunks(directory, n, chunk_rows, dim)
     step = max(batch_size * 4, 1)
     with progress_bar(show_progress) as progress:
@@ -87,7 +90,7 @@ def encode_corpus(store: CorpusStore, model, cache_root: Path, passage_prefix: s
                                           batch_size=batch_size, normalize_embeddings=True,
                                           convert_to_numpy=True, show_progress_bar=False))
                 progress.advance(task, len(texts[j:j + step]))
-            tmp = chunks.path(i).with_suffix(".tmp.npy")
+            tmp = chunks.path(i).with_suffix(f".tmp-{uuid.uuid4().hex[:12]}.npy")  # one per writer: ranks may race
             np.save(tmp, np.concatenate(parts).astype(np.float32))
             os.replace(tmp, chunks.path(i))
     return chunks

@@ -8,6 +8,8 @@ or ``world:test`` means the toy world's split (seed ``data.world_seed``), and
 from __future__ import annotations
 
 import os
+import shutil
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,12 +92,12 @@ def world_corpus_path(cfg: Config) -> Path:
     world = _world(cfg)
     out = cache_root() / "worlds" / world.fingerprint()
     if not (out / "corpus.jsonl").exists():
-        tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+        tmp = out.with_name(out.name + f".tmp-{uuid.uuid4().hex[:12]}")
         world.write(tmp)
         try:
             tmp.rename(out)
         except OSError:  # another process won the race
-            pass
+            shutil.rmtree(tmp, ignore_errors=True)
     return out / "corpus.jsonl"
 
 
