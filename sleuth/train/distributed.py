@@ -199,3 +199,24 @@ def reduce_metrics(metrics: dict[str, float], *, world_size: int, question_ids: 
             out[k] = sum(vals) / world_size
     out["rollout/questions"] = float(len({q for _, ids in gathered_ for q in ids}))
     return out
+
+
+def interleave(shards: list[list]) -> list:
+    """Undo ``items[rank::world]`` sharding: shard ``r`` holds items ``r, r + N, r + 2N, …`` of the
+    original list (N = ``len(shards)``); returns them in the original order."""
+    n = sum(len(s) for s in shards)
+    world = len(shards)
+    for r, s in enumerate(shards):
+        if len(s) != len(range(r, n, world)):
+            raise ValueError(f"shard {r} holds {len(s)} items; a {world}-way split of {n} gives it "
+                             f"{len(range(r, n, world))}")
+    return [shards[i % world][i // world] for i in range(n)]
+
+
+def all_gather_objects(obj, *, world_size: int) -> list:
+    """Every rank's ``obj`` (picklable), in rank order, on every rank; ``[obj]`` in one process."""
+    if world_size <= 1 or not dist.is_initialized():
+        return [obj]
+    out: list = [None] * world_size
+    dist.all_gather_object(out, obj)
+    return out

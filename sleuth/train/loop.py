@@ -6,7 +6,8 @@ Data-parallel runs (``torchrun --nproc_per_node N -m sleuth train …``): every 
 questions, keeps its own contiguous share (whole GRPO groups stay on one rank), rolls out and
 scores them, and joins the update (DDP, or FSDP with ``train.parallel: fsdp``; see
 ``sleuth.train.distributed``); metrics are combined over ranks (counts summed, rates averaged);
-rank 0 logs, evaluates and writes checkpoints.
+every rank evaluates its share of the eval questions (rank r: questions r, r + N, …), rank 0 logs
+the whole set's figures and writes checkpoints.
 """
 
 from __future__ import annotations
@@ -286,15 +287,30 @@ class Trainer:
         """Greedy, one sample per question, the same rollout code (``sleuth.eval.evaluate``);
         flat ``eval/<metric>`` and ``eval/<source>/<metric>`` keys. The full summary and rows of
         the latest evaluation stay in ``self.last_eval``."""
-        from sleuth.eval.evaluate import evaluate
+        from sleuth.eval.evaluate import evaluate, summarize
 
         if not self.eval_questions:
             return {}
-        summary, rows = evaluate(self.policy, self.tokenizer, self.eval_questions, self.fmt, self.retriever,
-                                 self.cfg.rollout, topk=self.cfg.retrieval.topk,
-                                 batch_size=self.cfg.eval.batch_size, no_search=no_search, seed=self.cfg.train.seed)
+        world, rank = self.ctx.world_size, self.ctx.rank
+        mine = self.eval_questions[rank::world]  # under torchrun every rank evaluates a share
+        perf = {"seconds": 0.0, "generate_s": 0.0, "retrieve_s": 0.0}
+        rows: list[dict] = []
+        if mine:
+            summary, rows = evaluate(self.policy, self.tokenizer, mine, self.fmt, self.retriever, self.cfg.rollout,
+                                     topk=self.cfg.retrieval.topk, batch_size=self.cfg.eval.batch_size,
+                                     no_search=no_search, seed=self.cfg.train.seed)
+            perf = summary["perf"]
+        if world > 1 or not mine:
+            shards = par.all_gather_objects((rows, perf), world_size=world)
+            rows = par.interleave([r for r, _ in shards])
+            summary = summarize(rows)
+            wall = max(p["seconds"] for _, p in shards)  # the slowest rank's
+            summary["perf"] = {"seconds": wall, "generate_s": max(p["generate_s"] for _, p in shards),
+                               "retrieve_s": max(p["retrieve_s"] for _, p in shards),
+                               "questions_per_s": len(rows) / wall if wall > 0 else 0.0, "ranks": world}
         self.last_eval = (summary, rows)
         out = {f"eval/{m}": summary[m] for m in ("em", "f1", "cover_em", "searches")}
+        out["eval/questions"] = float(summary["n"])
         for src, s in summary["by_source"].items():
             out.update({f"eval/{src}/{m}": s[m] for m in ("em", "f1", "searches")})
         return out
@@ -310,8 +326,9 @@ class Trainer:
             due = (tc.eval_every and self.step % tc.eval_every == 0) or self.step == tc.total_steps
             if due:
                 with par.gathered(self.policy):  # a collective under FSDP: every rank enters
-                    if self.ctx.is_main:
-                        metrics.update(self.evaluate())
+                    eval_metrics = self.evaluate()  # every rank its share; all get the whole set's figures
+                if self.ctx.is_main:
+                    metrics.update(eval_metrics)
             self.logger.log(self.step, metrics)
             self.logger.log_samples(self.step, trajs)
             last = metrics

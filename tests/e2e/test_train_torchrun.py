@@ -22,7 +22,7 @@ if not (dist.is_available() and dist.is_gloo_available()):
     pytest.skip("torch.distributed with the gloo backend is not available", allow_module_level=True)
 
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
-Q, G, STEPS, RANKS = 4, 2, 2, 2
+Q, G, STEPS, RANKS, EVAL_LIMIT = 4, 2, 2, 2, 3
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -58,7 +58,7 @@ retrieval: {{kind: bm25, corpus: {root / 'corpus.jsonl'}, topk: 2}}
 rollout: {{format: search_r1, use_chat_template: false, group_size: {G}, max_turns: 1,
           max_tokens_per_turn: 8, max_obs_tokens: 64, max_context_tokens: 1024}}
 algo: {{advantage: grpo, kl_coef: 0.01, kl_mode: loss, entropy_coef: 0.01}}
-train: {{total_steps: {STEPS}, questions_per_step: {Q}, micro_batch_size: 2, lr: 0.01, eval_limit: 2,
+train: {{total_steps: {STEPS}, questions_per_step: {Q}, micro_batch_size: 2, lr: 0.01, eval_limit: {EVAL_LIMIT},
         save_every: 1, keep_checkpoints: 1}}
 """
     (root / "tiny_test.yaml").write_text(config)
@@ -105,7 +105,8 @@ def test_torchrun_two_ranks_train(setup, runs, parallel):
         assert r["rollout/questions"] == Q  # disjoint shards: Q / RANKS each
         assert r["algo/optimizer_steps"] == 1
         assert torch.isfinite(torch.tensor(r["algo/loss"]))
-    assert "eval/em" in rows[-1]  # rank 0 evaluated at the end
+    # every rank evaluated its share (2 + 1 of the 3 eval questions); rank 0 logged the whole set
+    assert "eval/em" in rows[-1] and rows[-1]["eval/questions"] == EVAL_LIMIT
 
     ckpts = sorted(p.name for p in (out / "checkpoints").iterdir() if p.is_dir())
     assert ckpts == [f"step_{STEPS:06d}"] and not list((out / "checkpoints").glob("*.tmp-*"))
