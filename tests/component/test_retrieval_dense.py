@@ -124,25 +124,12 @@ def test_open_one_side_of_hybrid(built):
 def test_concurrent_encoders_share_the_cache_safely(built):
     """Several writers of the same cache (ranks that start together) each write their chunk aside
     and rename it into place: every chunk ends up whole, and no temporary file is left."""
-    import threading
+    from tests.helpers.concurrency import run_concurrently
 
     root, r = built
     store, model = r.store, r.dense.model
-    out, errors = [], []
-
-    def encode():
-        try:
-            out.append(encode_corpus(store, model, root / "cache3", "", encoder_id="m", chunk_rows=8,
-                                     show_progress=False))
-        except Exception as e:  # noqa: BLE001  (collected and asserted below)
-            errors.append(e)
-
-    threads = [threading.Thread(target=encode) for _ in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors and len(out) == 3, errors
+    out = run_concurrently(lambda: encode_corpus(store, model, root / "cache3", "", encoder_id="m", chunk_rows=8,
+                                                 show_progress=False), 3)
     reference = encode_corpus(store, model, root / "cache4", "", encoder_id="m", chunk_rows=8, show_progress=False)
     for i in range(reference.num_chunks):
         np.testing.assert_allclose(out[0].load(i), reference.load(i), atol=1e-6)

@@ -2,12 +2,12 @@
 safe when several processes or threads ask for it at the same time."""
 
 import json
-import threading
 
 import pytest
 
 from sleuth.retrieval.factory import _file_digest, bm25_for_corpus
 from sleuth.retrieval.index import META_FILE
+from tests.helpers.concurrency import run_concurrently
 
 pytestmark = pytest.mark.component
 
@@ -28,20 +28,7 @@ def _top_id(retriever, query):
 
 
 def test_concurrent_builders_all_get_the_index_and_leave_no_temp_dirs(corpus, tmp_path):
-    results, errors = [], []
-
-    def build():
-        try:
-            results.append(_top_id(bm25_for_corpus(corpus), "river Brenta"))
-        except Exception as e:  # noqa: BLE001  (collected and asserted below)
-            errors.append(e)
-
-    threads = [threading.Thread(target=build) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    results = run_concurrently(lambda: _top_id(bm25_for_corpus(corpus), "river Brenta"), 4)
     assert results == ["4"] * 4
     entries = sorted(p.name for p in (tmp_path / "cache" / "indexes").iterdir())
     assert entries == [f"bm25-{_file_digest(corpus)}"]  # one published index, no leftovers

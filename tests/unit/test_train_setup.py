@@ -42,25 +42,12 @@ def test_eval_limit_and_data_limit_take_the_smaller(tmp_path):
 def test_world_corpus_is_written_once_even_by_concurrent_callers(tmp_path, monkeypatch):
     """Callers that start together each write the world aside; one rename publishes it and the
     losers' copies are removed (nothing left but the published directory)."""
-    import threading
-
     from sleuth.train.setup import world_corpus_path
+    from tests.helpers.concurrency import run_concurrently
 
     monkeypatch.setenv("SLEUTH_CACHE", str(tmp_path / "cache"))
     cfg = from_dict({"data": {"world_seed": 2, "world_entities": 40}})
-    paths, errors = [], []
-
-    def call():
-        try:
-            paths.append(world_corpus_path(cfg))
-        except Exception as e:  # noqa: BLE001  (collected and asserted below)
-            errors.append(e)
-
-    threads = [threading.Thread(target=call) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors and len(set(paths)) == 1, (errors, paths)
+    paths = run_concurrently(lambda: world_corpus_path(cfg), 4)
+    assert len(set(paths)) == 1, paths
     assert len(paths[0].read_text().splitlines()) > 40
     assert [p.name for p in (tmp_path / "cache" / "worlds").iterdir()] == [paths[0].parent.name]
