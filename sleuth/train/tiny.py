@@ -5,9 +5,9 @@ and ``AutoTokenizer.from_pretrained`` load. The default one (world seed 0, defau
 the package (``sleuth/assets/tiny``, rebuilt by ``python -m sleuth.train.tiny_cache``), so a fresh clone
 needs no pretraining. It serves every world: the tokenizer holds the whole name inventory and the
 transcripts rename every name and year at random, so the model knows the format and how to copy,
-no fact. Any other spec is pretrained once (2.4 minutes at the defaults on an idle 2-core CPU) and
-cached under ``$SLEUTH_CACHE`` (default ``~/.cache/sleuth``), keyed by a hash of the world, the model spec, the pretraining spec, the seed
-and ``TINY_VERSION``.
+no fact. Any other spec is pretrained once (2.8 minutes at the defaults on an idle 2-core CPU) and
+cached under ``$SLEUTH_CACHE`` (default ``~/.cache/sleuth``), keyed by a hash of the world, the
+model spec, the pretraining spec, the seed and ``TINY_VERSION``.
 
 Pretraining: a copy warm-up (random-token repeats, which grow the induction heads that copying a
 name needs), then the protocol-shaped transcripts of :mod:`sleuth.train.tiny_data` (train
@@ -65,7 +65,7 @@ class PretrainSpec:
     """Data synthesis and optimisation settings of the pretraining run."""
 
     prompt: str = "tiny"  # "tiny" (TINY_INSTRUCTION) or "search_r1" (Search-R1's exact instruction)
-    n_transcripts: int = 36000  # 1,500 steps: copying from the passages keeps improving up to there
+    n_transcripts: int = 48000  # 2,000 steps: at 1,500 one of two seeds had not yet learned to copy years
     search_fraction: float = 0.7  # transcripts that search (the rest guess without searching)
     p_search: float = 0.35  # the learned prior to search: the decision token's loss is dropped in
     # some searching transcripts so that P(search) = p_search while most transcripts show the skills
@@ -103,9 +103,9 @@ def build_tokenizer(texts: list[str], names: list[str] | None = None):
     """A byte-level unigram tokenizer with a vocabulary we choose: every word of ``texts`` seen twice
     or more is one token, and so is every invented name (``names``, default: the whole
     :func:`~sleuth.data.world.name_inventory`, so the tokenizer serves every world), every year
-    1700-2029 and every number 1-40 (after a space; names also without it). Copying a name or a year from a passage is
-    then one token. Anything else falls back to bytes. Protocol tags are single added (non-special)
-    tokens; ``<|endoftext|>`` is eos (and bos), ``<|pad|>`` pad."""
+    1700-2029 and every number 1-40 (after a space; names also without it). Copying a name or a
+    year from a passage is then one token. Anything else falls back to bytes. Protocol tags are
+    single added (non-special) tokens; ``<|endoftext|>`` is eos (and bos), ``<|pad|>`` pad."""
     from collections import Counter
 
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
