@@ -5,6 +5,10 @@
           -> the same GRPO budget with retrieval disabled (ablation) -> evaluate
           -> report (DIR/report.md + PNG plots) and, with --json, one JSON line
 
+``DIR/world`` keeps the world (``corpus.jsonl``, ``train.jsonl``, ``test.jsonl``) and
+``DIR/with_search`` the trained run, so ``sleuth ask`` / ``sleuth eval`` can use the trained model
+afterwards; the report ends with those two commands.
+
 Every stage is the library's own code path (``Trainer``, ``evaluate``), so the demo is also the
 strongest test we have: RL that does not learn here is a bug.
 """
@@ -72,6 +76,7 @@ def run_demo(out: Path, *, steps: int = DEMO_STEPS, seed: int = 0, world_seed: i
                     list(overrides))  # a bad key fails here, before any work
     world = generate_world(world_seed, n_entities=world_entities)  # bad sizes fail here too
     out.mkdir(parents=True, exist_ok=True)
+    world.write(out / "world")  # corpus.jsonl, train.jsonl, test.jsonl: for `sleuth ask` / `sleuth eval` later
     _stage(f"world: {len(world.passages)} passages, {len(world.train)} train / {len(world.test)} test questions", t0)
     if model is None:
         from sleuth.train.tiny_cache import default_tiny_model_path
@@ -121,10 +126,25 @@ def run_demo(out: Path, *, steps: int = DEMO_STEPS, seed: int = 0, world_seed: i
     from sleuth.demo_report import write_report
 
     write_report(out, result, base=(base_summary, base_rows), trained=(trained_summary, trained_rows),
-                 metrics_path=out / "with_search" / "metrics.jsonl", setting={"steps": steps, "model": model_path})
+                 metrics_path=out / "with_search" / "metrics.jsonl", setting={"steps": steps, "model": model_path},
+                 try_it=try_commands(out, world.test[0].text))
     (out / "result.json").write_text(json.dumps(result, indent=2))
     _stage(f"report: {out / 'report.md'}", t0)
+    if progress:
+        print(f"ask the trained model: {try_commands(out, world.test[0].text)[0]}", flush=True)
     return result
+
+
+def try_commands(out: Path, question: str) -> list[str]:
+    """Shell commands that use the demo's trained model afterwards: ``ask`` one question, ``eval``
+    the test split (the run directory carries its protocol and budget, so the figures match)."""
+    import shlex
+
+    run, world = shlex.quote(str(out / "with_search")), out / "world"
+    corpus = shlex.quote(str(world / "corpus.jsonl"))
+    return [f"sleuth ask {shlex.quote(question)} --model {run} --corpus {corpus}",
+            f"sleuth eval --model {run} --data {shlex.quote(str(world / 'test.jsonl'))} --corpus {corpus} "
+            f"--out {shlex.quote(str(out / 'eval'))}"]
 
 
 def _run(args) -> int:

@@ -75,7 +75,8 @@ def _example(row: dict) -> list[str]:
     ]
 
 
-def write_report(out: Path, result: dict, *, base: tuple, trained: tuple, metrics_path: Path, setting: dict) -> None:
+def write_report(out: Path, result: dict, *, base: tuple, trained: tuple, metrics_path: Path, setting: dict,
+                 try_it: list[str] = ()) -> None:
     (base_summary, base_rows), (trained_summary, trained_rows) = base, trained
     plots = _plots(out, result, base_summary, trained_summary, metrics_path)
     fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
@@ -103,4 +104,9 @@ def write_report(out: Path, result: dict, *, base: tuple, trained: tuple, metric
     for row in picks:
         lines += [f"### {row['question']}", "", "**Base model**", ""] + _example(row)
         lines += ["**Trained**", ""] + _example(by_id[row["id"]])
+    if try_it:
+        lines += ["## Try the trained model", "",
+                  "The world is in `world/` and the trained run in `with_search/` (its `config.yaml` gives "
+                  "`ask` and `eval` the protocol and budget it was trained with):", "",
+                  "```bash", *try_it, "```", ""]
     (out / "report.md").write_text("\n".join(lines))

@@ -94,12 +94,14 @@ def _questions(args, stdin: TextIO):
 def _ask(args) -> int:
     from sleuth.cli import UserError, print_json_line
     from sleuth.eval.cli import describe_retriever, load_model, open_retriever, rollout_config
+    from sleuth.eval.defaults import resolve_run_defaults
     from sleuth.eval.evaluate import NoRetriever, NoSearchFormat
     from sleuth.rollout.hf_backend import HFBackend
     from sleuth.train.setup import build_format
 
     if args.question is not None and not args.question.strip():
         raise UserError("the question is empty; give a question or none for interactive mode")
+    resolve_run_defaults(args)
     if args.topk < 1 or args.max_turns < 0:
         raise UserError("--topk must be >= 1 and --max-turns >= 0")
     rcfg = rollout_config(args)

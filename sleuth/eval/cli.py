@@ -4,6 +4,11 @@
                 [--max-turns 4] [--topk 3] [--limit N] [--no-search] [--format search_r1]
                 [--batch-size 64] [--baseline DIR] --out DIR [--json]
 
+A Sleuth run directory (or one of its checkpoints) as ``--model`` is evaluated, by default, with the
+protocol and budget it was trained with (format, top-k, turns, token budgets, chat template, from
+its ``config.yaml``); ``tiny`` with the demo's. Flags and ``--set rollout.*`` override them, and
+what was taken is printed.
+
 Writes ``OUT/setting.json`` (first), ``OUT/trajectories.jsonl`` (appended per finished batch),
 then ``OUT/results.json`` and ``OUT/report.md``. Rerunning with the same ``--out`` skips the
 question ids already in ``trajectories.jsonl`` (a half-written last line is dropped) and refuses
@@ -28,6 +33,8 @@ import json
 import sys
 from pathlib import Path
 
+from sleuth.eval.defaults import resolve_run_defaults
+
 
 def add_model_retrieval_args(p: argparse.ArgumentParser) -> None:
     """Flags shared by ``eval`` and ``ask``: model, retriever, protocol budget."""
@@ -37,12 +44,15 @@ def add_model_retrieval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--retriever-url", help="Search-R1 /retrieve endpoint, e.g. http://127.0.0.1:8000/retrieve")
     p.add_argument("--corpus", help="jsonl corpus, indexed with BM25 on the fly (cached)")
     p.add_argument("--format", default=None,
-                   help="protocol format (default: search_r1_tiny for 'tiny', the run's format for a "
-                        "Sleuth run dir, else search_r1)")
-    p.add_argument("--max-turns", type=int, default=4, help="searches executed at most (default 4)")
-    p.add_argument("--topk", type=int, default=3, help="passages per search (default 3)")
-    p.add_argument("--max-tokens-per-turn", type=int, default=None, help="tokens per policy turn (default 500)")
-    p.add_argument("--max-context-tokens", type=int, default=None, help="prompt + response budget (default 4096)")
+                   help="protocol format (default: the one the model was trained with for 'tiny' or a Sleuth "
+                        "run dir, else search_r1)")
+    p.add_argument("--max-turns", type=int, default=None,
+                   help="searches executed at most (default: the run's, else 4)")
+    p.add_argument("--topk", type=int, default=None, help="passages per search (default: the run's, else 3)")
+    p.add_argument("--max-tokens-per-turn", type=int, default=None,
+                   help="tokens per policy turn (default: the run's, else 500)")
+    p.add_argument("--max-context-tokens", type=int, default=None,
+                   help="prompt + response budget (default: the run's, else 4096)")
     p.add_argument("--no-search", action="store_true",
                    help="no-retrieval baseline: direct-answer prompt and max_turns=0 (searches not executed)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -81,37 +91,17 @@ def register(sub) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def default_format(model: str) -> str:
-    """``search_r1_tiny`` for the embedded ``tiny`` model; a Sleuth run/checkpoint directory's
-    rollout format from its ``config.yaml``; else ``search_r1``."""
-    if model == "tiny":
-        return "search_r1_tiny"
-    p = Path(model).resolve()
-    if not p.is_dir():
-        return "search_r1"
-    for d in [p, *p.parents][:4]:
-        cfg = d / "config.yaml"
-        if d.is_dir() and cfg.is_file():
-            import yaml
-
-            try:
-                fmt = ((yaml.safe_load(cfg.read_text()) or {}).get("rollout") or {}).get("format")
-            except (yaml.YAMLError, AttributeError):
-                fmt = None
-            if isinstance(fmt, str):
-                return fmt
-    return "search_r1"
-
-
 def rollout_config(args):
-    """The RolloutConfig of an eval/ask invocation: defaults, flags, then ``--set rollout.*``."""
+    """The RolloutConfig of an eval/ask invocation: defaults, the run's own settings, flags, then
+    ``--set rollout.*`` (call :func:`resolve_run_defaults` first)."""
     from sleuth.cli import UserError
     from sleuth.config import ConfigError, load_config
 
     bad = [s for s in args.set if not s.startswith("rollout.")]
     if bad:
         raise UserError(f"--set here only takes rollout.* keys, got {bad}")
-    extra = [f"rollout.max_turns={args.max_turns}", f"rollout.format={args.format or default_format(args.model)}"]
+    extra = [f"rollout.{k}={v}" for k, v in getattr(args, "run_rollout", {}).items()]
+    extra += [f"rollout.max_turns={args.max_turns}", f"rollout.format={args.format}"]
     if args.max_tokens_per_turn is not None:
         extra.append(f"rollout.max_tokens_per_turn={args.max_tokens_per_turn}")
     if args.max_context_tokens is not None:
@@ -244,6 +234,7 @@ def _eval(args) -> int:
 
     if args.limit is not None and args.limit < 1:
         raise UserError(f"--limit must be >= 1, got {args.limit}")
+    resolve_run_defaults(args)
     if args.batch_size < 1 or args.topk < 1 or args.max_turns < 0:
         raise UserError("--batch-size and --topk must be >= 1 and --max-turns >= 0")
     if bool(args.judge_url) != bool(args.judge_model):

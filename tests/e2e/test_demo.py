@@ -22,9 +22,12 @@ def test_demo_cli_runs_end_to_end_and_reports(tmp_path, capsys):
     assert set(result) == JSON_KEYS
     assert 0.0 <= result["base_em"] <= 1.0 and 0.0 <= result["trained_em"] <= 1.0
     assert result["no_search_em"] is not None  # the ablation ran
-    for name in ("report.md", "result.json", "reward.png", "em.png", "stop_reasons.png"):
+    for name in ("report.md", "result.json", "reward.png", "em.png", "stop_reasons.png", "world/corpus.jsonl",
+                 "world/train.jsonl", "world/test.jsonl"):
         assert (out / name).is_file(), name
-    assert "| | base | trained with search | trained without search |" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "| | base | trained with search | trained without search |" in report
+    assert "## Try the trained model" in report and f"--model {out / 'with_search'}" in report
     # both runs trained exactly one step and wrote their trajectories
     for run in ("with_search", "no_search"):
         steps = [json.loads(line)["step"] for line in (out / run / "metrics.jsonl").read_text().splitlines()]
@@ -37,16 +40,28 @@ def test_demo_cli_runs_end_to_end_and_reports(tmp_path, capsys):
     assert not (tmp_path / "big").exists()  # refused before any work
 
 
-def test_demo_learns_to_search(tmp_path):
+def test_demo_learns_to_search(tmp_path, capsys):
     """The CI learning test: from the shipped tiny base model, GRPO with search on a smaller world
     than the default one (another seed: other names, facts and questions; fixed seeds) must raise
-    test EM by a wide margin and make the model search. ~1.2 minutes on 2 CPU cores."""
-    result = run_demo(tmp_path / "learn", steps=LEARN_STEPS, world_seed=LEARN_WORLD[0], world_entities=LEARN_WORLD[1],
+    test EM by a wide margin and make the model search. ~1.2 minutes on 2 CPU cores. Then the
+    report's `sleuth eval` command on the trained run must reproduce the demo's figures: the run
+    directory carries its protocol and budget (top-1, two searches, the tiny prompt)."""
+    out = tmp_path / "learn"
+    result = run_demo(out, steps=LEARN_STEPS, world_seed=LEARN_WORLD[0], world_entities=LEARN_WORLD[1],
                       progress=False, ablation=False)
     assert result["base_em"] <= 0.15, result
     assert result["trained_em"] >= result["base_em"] + LEARN_MARGIN, result
     assert result["single_hop_em"] >= 0.6 and result["two_hop_em"] >= 0.3, result  # the issue's targets
     assert result["searches_per_question"] >= 0.8 > result["base_searches_per_question"], result
+
+    capsys.readouterr()
+    world = out / "world"
+    assert main(["eval", "--model", str(out / "with_search"), "--data", str(world / "test.jsonl"), "--corpus",
+                 str(world / "corpus.jsonl"), "--out", str(tmp_path / "eval"), "--batch-size", "128", "--no-cache",
+                 "--json"]) == 0
+    ev = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert ev["em"] == pytest.approx(result["trained_em"]), (ev, result)
+    assert ev["by_source"]["world_2hop"]["em"] == pytest.approx(result["two_hop_em"]), (ev, result)
 
 
 LEARN_WORLD = (1, 200)  # seed, entities: 137 test questions

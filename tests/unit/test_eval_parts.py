@@ -107,7 +107,7 @@ def test_turn_records_pair_searches_with_executed_queries():
 
 
 def test_default_format(tmp_path, monkeypatch):
-    from sleuth.eval.cli import default_format
+    from sleuth.eval.defaults import default_format
 
     assert default_format("tiny") == "search_r1_tiny"  # the embedded model's short prompt
     monkeypatch.chdir(tmp_path)
@@ -118,3 +118,60 @@ def test_default_format(tmp_path, monkeypatch):
     (tmp_path / "run" / "config.yaml").write_text("rollout:\n  format: tool_call\n")
     assert default_format(str(tmp_path / "run")) == "tool_call"  # a run dir
     assert default_format(str(ckpt.parent)) == "tool_call"  # a checkpoint inside it
+
+
+def _flags(model, **given):
+    """The eval/ask flags as argparse leaves them when none of the budget flags is given."""
+    import argparse
+
+    base = dict(model=model, format=None, topk=None, max_turns=None, max_tokens_per_turn=None,
+                max_context_tokens=None, set=[])
+    return argparse.Namespace(**{**base, **given})
+
+
+def test_a_run_is_evaluated_with_the_budget_it_was_trained_with(tmp_path, capsys):
+    from sleuth.eval.cli import rollout_config
+    from sleuth.eval.defaults import resolve_run_defaults
+
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step_000040").mkdir(parents=True)
+    (run / "config.yaml").write_text(
+        "retrieval:\n  topk: 1\nrollout:\n  format: search_r1_tiny\n  max_turns: 2\n  max_tokens_per_turn: 40\n"
+        "  max_obs_tokens: 128\n  max_context_tokens: 512\n  use_chat_template: false\n  temperature: 0.7\n")
+    args = _flags(str(run / "checkpoints" / "step_000040"))
+    taken = resolve_run_defaults(args)
+    assert (args.format, args.topk, args.max_turns, args.max_tokens_per_turn, args.max_context_tokens) == \
+        ("search_r1_tiny", 1, 2, 40, 512)
+    assert "temperature" not in taken  # sampling settings are not budgets: eval stays greedy
+    assert "topk 1" in capsys.readouterr().err  # the user sees what was taken from the run
+    rcfg = rollout_config(args)
+    assert (rcfg.max_obs_tokens, rcfg.use_chat_template, rcfg.max_turns) == (128, False, 2)
+
+    # a flag given wins over the run; --set wins over what the run gave to --set-only keys
+    args = _flags(str(run), topk=5, max_turns=0, set=["rollout.max_obs_tokens=64"])
+    resolve_run_defaults(args)
+    rcfg = rollout_config(args)
+    assert (args.topk, rcfg.max_turns, rcfg.max_obs_tokens, rcfg.max_tokens_per_turn) == (5, 0, 64, 40)
+
+
+def test_other_models_get_the_built_in_budget_and_tiny_the_demos(tmp_path, monkeypatch):
+    from sleuth.demo import demo_config
+    from sleuth.eval.cli import rollout_config
+    from sleuth.eval.defaults import resolve_run_defaults
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "config.yaml").write_text("retrieval:\n  topk: 1\n")  # never read for a hub name
+    args = _flags("Qwen/Qwen2.5-3B-Instruct")
+    assert resolve_run_defaults(args) == {}
+    rcfg = rollout_config(args)
+    assert (args.format, args.topk, args.max_turns, rcfg.max_tokens_per_turn, rcfg.use_chat_template) == \
+        ("search_r1", 3, 4, 500, True)
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.yaml").write_text("rollout: [unclosed\n")  # not a run's config: ignored
+    args = _flags(str(tmp_path / "broken"))
+    assert resolve_run_defaults(args) == {} and args.topk == 3
+    demo = demo_config("tiny", steps=1, seed=0, fmt="search_r1_tiny")
+    args = _flags("tiny")
+    resolve_run_defaults(args)
+    assert (args.topk, args.max_turns, args.max_tokens_per_turn) == \
+        (demo.retrieval.topk, demo.rollout.max_turns, demo.rollout.max_tokens_per_turn) == (1, 2, 40)

@@ -1,0 +1,92 @@
+"""What ``sleuth eval`` and ``sleuth ask`` use when a flag is not given: the protocol and budget the
+model was trained with. A Sleuth run directory (or a checkpoint inside it) carries them in its
+``config.yaml``; the embedded ``tiny`` model's are the demo's; any other model gets the built-in
+defaults (Search-R1 format, top-3, 4 searches). A flag given always wins, and ``--set rollout.*``
+overrides what comes from the run.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# Rollout settings a run was trained with; ``eval``/``ask`` on that run default to them.
+RUN_ROLLOUT_KEYS = ("format", "max_turns", "max_tokens_per_turn", "max_obs_tokens", "max_context_tokens",
+                    "use_chat_template")
+BUILTIN = {"format": "search_r1", "topk": 3, "max_turns": 4}  # defaults for any other model
+
+
+def _run_config(model: str) -> dict | None:
+    """The parsed ``config.yaml`` of a Sleuth run when ``model`` is its directory or a checkpoint
+    inside it (up to three levels down); None for anything else (a hub name never reads ./config.yaml)."""
+    import yaml
+
+    p = Path(model).resolve()
+    if not p.is_dir():
+        return None
+    for d in [p, *p.parents][:4]:
+        cfg = d / "config.yaml"
+        if d.is_dir() and cfg.is_file():
+            try:
+                doc = yaml.safe_load(cfg.read_text())
+            except yaml.YAMLError:
+                return None
+            return doc if isinstance(doc, dict) else None
+    return None
+
+
+def run_defaults(model: str) -> dict:
+    """The protocol and budget a model was trained with, as ``{"topk": k, "rollout": {key: value}}``
+    (only what is known): the embedded ``tiny`` model's are the demo's, a Sleuth run's (or one of its
+    checkpoints') come from its ``config.yaml``; other models have none. Evaluating a run under
+    another budget (say 3 passages where it was trained on 1) measures something else."""
+    if model == "tiny":
+        from dataclasses import asdict
+
+        from sleuth.demo import demo_config
+
+        cfg = asdict(demo_config("tiny", steps=1, seed=0, fmt="search_r1_tiny"))
+    else:
+        cfg = _run_config(model) or {}
+    rollout, retrieval = cfg.get("rollout"), cfg.get("retrieval")
+    out: dict = {"rollout": {}}
+    if isinstance(rollout, dict):
+        out["rollout"] = {k: rollout[k] for k in RUN_ROLLOUT_KEYS if rollout.get(k) is not None}
+    if isinstance(retrieval, dict) and isinstance(retrieval.get("topk"), int):
+        out["topk"] = retrieval["topk"]
+    return out
+
+
+def default_format(model: str) -> str:
+    """``search_r1_tiny`` for the embedded ``tiny`` model; a Sleuth run/checkpoint directory's
+    rollout format from its ``config.yaml``; else ``search_r1``."""
+    fmt = run_defaults(model)["rollout"].get("format")
+    return fmt if isinstance(fmt, str) else BUILTIN["format"]
+
+
+def resolve_run_defaults(args) -> dict:
+    """Fill the flags left unset (``--format``, ``--topk``, ``--max-turns``, the token budgets): a
+    flag given wins, then the model's own setting (:func:`run_defaults`), then the built-in default.
+    ``max_obs_tokens`` and ``use_chat_template`` from the run go in ``args.run_rollout`` (``--set``
+    still overrides them). Returns what was taken from the run, for the user to see."""
+    known = run_defaults(args.model)
+    rollout = known["rollout"]
+    taken: dict = {}
+    flags = {"format": "format", "max_turns": "max_turns", "max_tokens_per_turn": "max_tokens_per_turn",
+             "max_context_tokens": "max_context_tokens"}  # rollout key -> args attribute
+    for key, attr in flags.items():
+        if getattr(args, attr) is None and key in rollout:
+            setattr(args, attr, rollout[key])
+            taken[key] = rollout[key]
+    if args.topk is None and "topk" in known:
+        args.topk = taken["topk"] = known["topk"]
+    for attr in ("format", "topk", "max_turns"):
+        if getattr(args, attr) is None:
+            setattr(args, attr, BUILTIN[attr])
+    args.run_rollout = {k: rollout[k] for k in ("max_obs_tokens", "use_chat_template") if k in rollout}
+    taken.update(args.run_rollout)
+    if taken:
+        source = "the demo's setting" if args.model == "tiny" else "the run's config.yaml"
+        print(f"{args.model}: from {source}: " + ", ".join(f"{k} {v}" for k, v in taken.items())
+              + " (flags and --set override)", file=sys.stderr)
+    return taken
