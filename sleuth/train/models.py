@@ -19,6 +19,18 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
+class ModelLoadError(ValueError):
+    """``from_pretrained`` could not load what the user named (a hub name without network or cache,
+    a directory with broken or missing files); the message names the model and what to do."""
+
+
+def _load_error(source: "ModelSource", e: OSError) -> ModelLoadError:
+    what = f"{source.path}/{source.gguf_file}" if source.gguf_file else source.path
+    hint = ("a hub name needs network access or the model in the Hugging Face cache (HF_HOME); "
+            "or give a local model directory, a Sleuth run directory, a .gguf file, 'tiny' or 'smollm2'")
+    return ModelLoadError(f"could not load model {what!r}: {str(e).strip()} ({hint})")
+
+
 @dataclass(frozen=True)
 class ModelSource:
     """Where ``from_pretrained`` should look: a hub name or directory, and an optional GGUF file in it."""
@@ -89,7 +101,10 @@ def load_tokenizer(source: ModelSource):
     from transformers import AutoTokenizer
 
     kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
-    tok = AutoTokenizer.from_pretrained(source.path, **kwargs)
+    try:
+        tok = AutoTokenizer.from_pretrained(source.path, **kwargs)
+    except OSError as e:
+        raise _load_error(source, e) from e
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
@@ -107,7 +122,10 @@ def load_policy(name_or_path: str, *, dtype: str = "float32", device: str = "aut
         name_or_path = str(default_tiny_model_path())
     source = resolve_model(name_or_path, gguf_file)
     kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
-    model = AutoModelForCausalLM.from_pretrained(source.path, dtype=DTYPES[dtype], **kwargs)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source.path, dtype=DTYPES[dtype], **kwargs)
+    except OSError as e:
+        raise _load_error(source, e) from e
     if source.gguf_file:
         _as_plain_weights(model, source)
     model.to(pick_device(device))

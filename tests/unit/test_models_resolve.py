@@ -1,0 +1,52 @@
+"""What ``--model`` / ``model.name_or_path`` may be, and the errors for what cannot be loaded: each
+names the input and what to do, and reaches the user as ``sleuth: error: ...`` (exit 2), not as a
+traceback from inside transformers."""
+
+import json
+
+import pytest
+
+from sleuth.cli import main
+from sleuth.train.models import ModelLoadError, ModelSource, load_policy, resolve_model
+
+pytestmark = pytest.mark.unit
+
+
+def test_resolve_model_by_kind(tmp_path):
+    assert resolve_model("Qwen/Qwen2.5-3B-Instruct") == ModelSource("Qwen/Qwen2.5-3B-Instruct")  # a hub name
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    (plain / "config.json").write_text("{}")
+    assert resolve_model(str(plain)) == ModelSource(str(plain))
+    policy = tmp_path / "run" / "checkpoints" / "step_000003" / "policy"  # a Sleuth run: its latest policy
+    policy.mkdir(parents=True)
+    (policy / "config.json").write_text("{}")
+    (tmp_path / "run" / "checkpoints" / "latest").write_text("step_000003\n")
+    assert resolve_model(str(tmp_path / "run")) == ModelSource(str(policy))
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    assert resolve_model(str(gguf)) == ModelSource(str(tmp_path), "m.gguf")
+
+
+@pytest.mark.parametrize("name, message", [
+    ("./missing", "does not exist"),
+    ("/no/such/model.gguf", "GGUF file /no/such/model.gguf does not exist"),
+    ("EMPTY_DIR", "has no config.json"),
+])
+def test_resolve_model_refuses_what_is_not_a_model(tmp_path, name, message):
+    if name == "EMPTY_DIR":
+        name = str(tmp_path)
+    with pytest.raises(FileNotFoundError, match=message):
+        resolve_model(name)
+
+
+def test_a_directory_without_weights_is_a_clear_load_error(tmp_path, capsys):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text(json.dumps({"model_type": "llama"}))  # config, no weights
+    with pytest.raises(ModelLoadError, match=r"could not load model '.*broken'.*local model directory"):
+        load_policy(str(broken), device="cpu")
+    # the same through a command: one line on stderr and exit 2
+    assert main(["demo", "--out", str(tmp_path / "demo"), "--model", str(broken), "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sleuth: error: could not load model") and "Traceback" not in err
