@@ -125,13 +125,14 @@ def run_demo(out: Path, *, steps: int = DEMO_STEPS, seed: int = 0, world_seed: i
     result["wall_minutes"] = (time.time() - t0) / 60
     from sleuth.demo_report import write_report
 
+    try_it = try_commands(out, world.test[0].text)
     write_report(out, result, base=(base_summary, base_rows), trained=(trained_summary, trained_rows),
                  metrics_path=out / "with_search" / "metrics.jsonl", setting={"steps": steps, "model": model_path},
-                 try_it=try_commands(out, world.test[0].text))
+                 try_it=try_it)
     (out / "result.json").write_text(json.dumps(result, indent=2))
     _stage(f"report: {out / 'report.md'}", t0)
     if progress:
-        print(f"ask the trained model: {try_commands(out, world.test[0].text)[0]}", flush=True)
+        print(f"ask the trained model: {try_it[0]}", flush=True)
     return result
 
 

@@ -57,13 +57,6 @@ def run_defaults(model: str) -> dict:
     return out
 
 
-def default_format(model: str) -> str:
-    """``search_r1_tiny`` for the embedded ``tiny`` model; a Sleuth run/checkpoint directory's
-    rollout format from its ``config.yaml``; else ``search_r1``."""
-    fmt = run_defaults(model)["rollout"].get("format")
-    return fmt if isinstance(fmt, str) else BUILTIN["format"]
-
-
 def resolve_run_defaults(args) -> dict:
     """Fill the flags left unset (``--format``, ``--topk``, ``--max-turns``, the token budgets): a
     flag given wins, then the model's own setting (:func:`run_defaults`), then the built-in default.
@@ -72,11 +65,9 @@ def resolve_run_defaults(args) -> dict:
     known = run_defaults(args.model)
     rollout = known["rollout"]
     taken: dict = {}
-    flags = {"format": "format", "max_turns": "max_turns", "max_tokens_per_turn": "max_tokens_per_turn",
-             "max_context_tokens": "max_context_tokens"}  # rollout key -> args attribute
-    for key, attr in flags.items():
-        if getattr(args, attr) is None and key in rollout:
-            setattr(args, attr, rollout[key])
+    for key in ("format", "max_turns", "max_tokens_per_turn", "max_context_tokens"):  # flags of the same name
+        if getattr(args, key) is None and key in rollout:
+            setattr(args, key, rollout[key])
             taken[key] = rollout[key]
     if args.topk is None and "topk" in known:
         args.topk = taken["topk"] = known["topk"]

@@ -107,7 +107,12 @@ def test_turn_records_pair_searches_with_executed_queries():
 
 
 def test_default_format(tmp_path, monkeypatch):
-    from sleuth.eval.defaults import default_format
+    from sleuth.eval.defaults import resolve_run_defaults
+
+    def default_format(model):
+        args = _flags(model)
+        resolve_run_defaults(args)
+        return args.format
 
     assert default_format("tiny") == "search_r1_tiny"  # the embedded model's short prompt
     monkeypatch.chdir(tmp_path)
