@@ -12,6 +12,7 @@ import argparse
 import importlib
 import json
 import sys
+from pathlib import Path
 
 # Modules that contribute commands, in help order.
 COMMAND_MODULES = [
@@ -27,6 +28,14 @@ COMMAND_MODULES = [
 
 class UserError(Exception):
     """An error caused by input (a file, a flag, a config): printed without a traceback, exit 2."""
+
+
+def output_dir(path, flag: str = "--out") -> Path:
+    """``path`` as an output directory: refused (naming ``flag``) when it exists and is not a directory."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise UserError(f"{flag} {p} is a file, not a directory; give a directory path (it is created if missing)")
+    return p
 
 
 def build_parser() -> argparse.ArgumentParser:

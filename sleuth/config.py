@@ -208,6 +208,56 @@ class ConfigError(ValueError):
     """A config key or value is wrong; the message names it."""
 
 
+# The values each string setting takes, and the least value of each number (None = "off"/"all",
+# never checked). ``validate`` checks them once, when a config is built from YAML or --set, so a
+# wrong value fails before any model is loaded, naming the key, not deep inside a run.
+CHOICES = {
+    "model.dtype": ("float32", "bfloat16", "float16"),
+    "retrieval.kind": ("bm25", "dense", "hybrid", "url", "memory"),
+    "rollout.format": ("search_r1", "r1_searcher", "tool_call", "search_r1_tiny"),
+    "rollout.backend": ("hf", "vllm"),
+    "reward.kind": ("em", "f1", "cover_em", "search_r1_v03", "r1_searcher_stage1", "r1_searcher_stage2"),
+    "algo.advantage": ("grpo", "drgrpo", "rloo", "reinforce_pp", "gae"),
+    "algo.kl_estimator": ("k1", "k2", "k3"),
+    "algo.kl_mode": ("loss", "reward", "none"),
+    "algo.loss_agg": ("token_mean", "seq_mean_token_mean", "seq_sum_norm"),
+    "train.schedule": ("constant", "cosine"),
+    "train.parallel": ("ddp", "fsdp"),
+    "train.on_collapse": ("warn", "stop", "rollback"),
+}
+AT_LEAST = {
+    "data.limit": 1, "retrieval.topk": 1, "retrieval.retries": 0, "retrieval.cache_size": 0,
+    "rollout.group_size": 1, "rollout.max_turns": 0, "rollout.max_tokens_per_turn": 1, "rollout.max_obs_tokens": 1,
+    "rollout.max_context_tokens": 1, "rollout.max_invalid": 0, "rollout.temperature": 0, "rollout.top_k": 0,
+    "algo.clip_low": 0, "algo.clip_high": 0, "algo.kl_coef": 0, "train.total_steps": 1,
+    "train.questions_per_step": 1, "train.lr": 0, "train.critic_lr": 0, "train.warmup_steps": 0,
+    "train.weight_decay": 0, "train.grad_clip": 0, "train.micro_batch_size": 1, "train.mini_batches": 1,
+    "train.epochs": 1, "train.cpu_threads": 1, "train.save_every": 0, "train.eval_every": 0, "train.eval_limit": 1,
+    "train.keep_checkpoints": 1, "eval.limit": 1, "eval.batch_size": 1,
+}
+ABOVE = {"retrieval.timeout_s": 0, "rollout.top_p": 0, "algo.tis_cap": 0, "algo.dual_clip": 1}
+
+
+def validate(cfg: Config) -> Config:
+    """Check every setting named in CHOICES / AT_LEAST / ABOVE; raise ConfigError naming the first bad one."""
+    def get(key: str):
+        section, name = key.split(".")
+        return getattr(getattr(cfg, section), name)
+
+    for key, choices in CHOICES.items():
+        if get(key) not in choices:
+            raise ConfigError(f"{key}: {get(key)!r} is not one of {list(choices)}")
+    for key, least in AT_LEAST.items():
+        if get(key) is not None and get(key) < least:
+            raise ConfigError(f"{key} must be >= {least}, got {get(key)!r}")
+    for key, bound in ABOVE.items():
+        if get(key) is not None and get(key) <= bound:
+            raise ConfigError(f"{key} must be > {bound}, got {get(key)!r}")
+    if cfg.rollout.top_p > 1:
+        raise ConfigError(f"rollout.top_p must be in (0, 1], got {cfg.rollout.top_p!r}")
+    return cfg
+
+
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     """Check/convert ``value`` against the annotation ``tp``; raise ConfigError naming ``key``."""
     origin = typing.get_origin(tp)
@@ -272,7 +322,8 @@ def from_dict(data: dict[str, Any], cls: type = Config, prefix: str = "") -> Any
             kwargs[key] = from_dict(value, tp, prefix=f"{full}.")
         else:
             kwargs[key] = _coerce(value, tp, full)
-    return cls(**kwargs)
+    built = cls(**kwargs)
+    return validate(built) if cls is Config else built
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
@@ -308,10 +359,14 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         p = Path(path)
         if not p.exists():
             raise ConfigError(f"config file {p} does not exist")
+        if not p.is_file():
+            raise ConfigError(f"config file {p} is a directory; give a YAML file (see configs/)")
         try:
-            data = yaml.safe_load(p.read_text()) or {}
+            data = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
         except yaml.YAMLError as e:
             raise ConfigError(f"config file {p} is not valid YAML: {e}") from e
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"config file {p} is not UTF-8 text (byte {e.start}); save it as UTF-8 YAML") from None
         cfg = from_dict(data)
     return apply_overrides(cfg, overrides or [])
 

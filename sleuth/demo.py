@@ -94,7 +94,7 @@ def run_demo(out: Path, *, steps: int = DEMO_STEPS, seed: int = 0, world_seed: i
         cfg = replace(cfg, train=replace(cfg.train, eval_limit=eval_limit))
     cfg = apply_overrides(cfg, list(overrides))
 
-    trainer = Trainer(cfg, out / "with_search", progress=progress)
+    trainer = Trainer(cfg, out / "with_search", overwrite=True, progress=progress)  # a rerun replaces the demo
     _stage("evaluating the base model (greedy, with search)", t0)
     trainer.evaluate()
     base_summary, base_rows = trainer.last_eval
@@ -118,7 +118,7 @@ def run_demo(out: Path, *, steps: int = DEMO_STEPS, seed: int = 0, world_seed: i
     if ablation:
         _stage("ablation: the same GRPO budget with retrieval disabled", t0)
         no_search_cfg = replace(cfg, rollout=replace(cfg.rollout, max_turns=0))
-        ablation_trainer = Trainer(no_search_cfg, out / "no_search", progress=progress)
+        ablation_trainer = Trainer(no_search_cfg, out / "no_search", overwrite=True, progress=progress)
         ablation_trainer.run()
         result["no_search_em"] = ablation_trainer.last_eval[0]["em"]
         _stage(f"no-search EM {result['no_search_em']:.3f}", t0)

@@ -65,6 +65,10 @@ def ask_one(text: str, backend, tokenizer, fmt, retriever, rollout_cfg, *, topk:
     out = out or sys.stdout
     if not text.strip():
         raise ValueError("the question is empty")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # bytes that were not UTF-8, kept by Python as surrogate escapes
+        raise ValueError(f"the question {text!r} is not valid UTF-8 text; give it in UTF-8") from None
     q = Question(id=qid, text=text.strip(), golden_answers=("",), data_source="ask")
     trajs, _ = run_rollouts([q], StreamingBackend(backend, tokenizer, out), tokenizer, fmt,
                             StreamingRetriever(retriever, out), rollout_cfg, seed=seed, k=topk, greedy=greedy,
@@ -102,8 +106,6 @@ def _ask(args) -> int:
     if args.question is not None and not args.question.strip():
         raise UserError("the question is empty; give a question or none for interactive mode")
     resolve_run_defaults(args)
-    if args.topk < 1 or args.max_turns < 0:
-        raise UserError("--topk must be >= 1 and --max-turns >= 0")
     rcfg = rollout_config(args)
     fmt = build_format(rcfg.format)
     desc = describe_retriever(args)

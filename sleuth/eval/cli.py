@@ -226,7 +226,7 @@ def load_eval_questions(args):
 
 
 def _eval(args) -> int:
-    from sleuth.cli import UserError
+    from sleuth.cli import UserError, output_dir
     from sleuth.eval.evaluate import evaluate, summarize
     from sleuth.eval.baseline import load_baseline
     from sleuth.eval.report import check_setting, read_finished
@@ -235,8 +235,6 @@ def _eval(args) -> int:
     if args.limit is not None and args.limit < 1:
         raise UserError(f"--limit must be >= 1, got {args.limit}")
     resolve_run_defaults(args)
-    if args.batch_size < 1 or args.topk < 1 or args.max_turns < 0:
-        raise UserError("--batch-size and --topk must be >= 1 and --max-turns >= 0")
     if bool(args.judge_url) != bool(args.judge_model):
         raise UserError("--judge-url and --judge-model go together")
     rcfg = rollout_config(args)
@@ -250,6 +248,7 @@ def _eval(args) -> int:
         if Path(args.baseline).resolve() == out.resolve():
             raise UserError(f"--baseline {args.baseline} is this eval's own --out; give another eval's directory")
         baseline = load_baseline(args.baseline, questions, args.data)
+    output_dir(out)
     check_setting(out, setting)
     traj_path = out / "trajectories.jsonl"
     finished = read_finished(traj_path)

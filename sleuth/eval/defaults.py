@@ -59,7 +59,8 @@ def run_defaults(model: str) -> dict:
 
 def resolve_run_defaults(args) -> dict:
     """Fill the flags left unset (``--format``, ``--topk``, ``--max-turns``, the token budgets): a
-    flag given wins, then the model's own setting (:func:`run_defaults`), then the built-in default.
+    flag given wins, then the model's own setting (:func:`run_defaults`), then the built-in default;
+    then check their ranges (a UserError names the flag and the value).
     ``max_obs_tokens`` and ``use_chat_template`` from the run go in ``args.run_rollout`` (``--set``
     still overrides them). Returns what was taken from the run, for the user to see."""
     known = run_defaults(args.model)
@@ -74,6 +75,13 @@ def resolve_run_defaults(args) -> dict:
     for attr in ("format", "topk", "max_turns"):
         if getattr(args, attr) is None:
             setattr(args, attr, BUILTIN[attr])
+    from sleuth.cli import UserError
+
+    for flag, least in (("topk", 1), ("max_turns", 0), ("max_tokens_per_turn", 1), ("max_context_tokens", 1),
+                        ("batch_size", 1)):
+        value = getattr(args, flag, None)
+        if value is not None and value < least:
+            raise UserError(f"--{flag.replace('_', '-')} must be >= {least}, got {value}")
     args.run_rollout = {k: rollout[k] for k in ("max_obs_tokens", "use_chat_template") if k in rollout}
     taken.update(args.run_rollout)
     if taken:

@@ -1,4 +1,7 @@
-"""``sleuth train --config FILE [--set dotted.key=value …] --out DIR [--resume]``."""
+"""``sleuth train --config FILE [--set dotted.key=value …] --out DIR [--resume | --overwrite]``.
+
+A new run never writes over an earlier one in ``--out``: ``--resume`` continues it, ``--overwrite``
+replaces it."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ def _run(args) -> int:
     from sleuth.train.loop import Trainer
 
     cfg = load_config(args.config, args.set)
-    trainer = Trainer(cfg, args.out, resume=args.resume, progress=not args.json)
+    trainer = Trainer(cfg, args.out, resume=args.resume, overwrite=args.overwrite, progress=not args.json)
     last = trainer.run()
     if args.json and trainer.ctx.is_main:
         keep = {k: v for k, v in last.items() if k.startswith(("reward/", "eval/", "algo/loss", "rollout/searches"))}
@@ -28,5 +31,7 @@ def register(sub) -> None:
                    help="override a config value, e.g. --set train.total_steps=10 (repeatable)")
     p.add_argument("--out", required=True, help="run directory (metrics, samples, checkpoints)")
     p.add_argument("--resume", action="store_true", help="continue from the run directory's latest checkpoint")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an earlier run in --out (its metrics and checkpoints are deleted)")
     p.add_argument("--json", action="store_true", help="print one JSON summary as the last line")
     p.set_defaults(func=_run)

@@ -21,15 +21,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from sleuth.config import Config, save_config, to_dict
+from sleuth.config import Config, save_config, to_dict, validate
 from sleuth.train import distributed as par
 from sleuth.train.checkpoint import (latest_checkpoint, load_optimizer_state, load_policy_weights, load_trainer_state,
                                      optimizer_state, save_checkpoint, set_rng_state)
 from sleuth.train.forward import batched_logprobs, length_buckets, padding_share
 from sleuth.train.logging import MetricsLogger
 from sleuth.train.sampler import CollapseWatch, QuestionSampler
-from sleuth.train.setup import (build_format, build_run_retriever, init_distributed, load_eval_questions,
-                                load_questions_for)
+from sleuth.train.setup import (build_format, build_run_retriever, check_run_dir, init_distributed,
+                                load_eval_questions, load_questions_for, probe_retriever)
 from sleuth.train.update import UpdateBatch, compute_advantages, policy_update
 
 
@@ -92,12 +92,15 @@ def _truncate_metrics(out: Path, step: int) -> None:
 class Trainer:
     """Holds the run's objects; ``run()`` is the loop. Built from a Config and an output dir."""
 
-    def __init__(self, cfg: Config, out_dir: str | Path, *, resume: bool = False, progress: bool = True):
+    def __init__(self, cfg: Config, out_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
+                 progress: bool = True):
         from sleuth.reward import build_reward
         from sleuth.train.models import load_policy, make_critic
 
-        self.cfg, self.out = cfg, Path(out_dir)
+        self.cfg, self.out = validate(cfg), Path(out_dir)
         self.ctx = init_distributed()
+        if self.ctx.is_main:
+            check_run_dir(self.out, resume=resume, overwrite=overwrite)
         tc = cfg.train
         if tc.questions_per_step % self.ctx.world_size:
             raise ValueError(
@@ -147,6 +150,11 @@ class Trainer:
         self.reward_fn = build_reward(cfg.reward)
         self.sampler = QuestionSampler(load_questions_for(cfg.data.train_files, cfg), seed=tc.seed,
                                        shuffle=cfg.data.shuffle)
+        if len(self.sampler.questions) < tc.questions_per_step:
+            raise ValueError(f"train.questions_per_step={tc.questions_per_step} but data.train_files hold "
+                             f"{len(self.sampler.questions)} questions; lower it or add questions")
+        if cfg.rollout.max_turns > 0:
+            probe_retriever(self.retriever, cfg)
         self.eval_questions = load_eval_questions(cfg)  # train.eval_limit per eval file
         self.watch = CollapseWatch()
         self.step = 0

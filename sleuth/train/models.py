@@ -92,9 +92,22 @@ def resolve_model(name_or_path: str, gguf_file: str | None = None) -> ModelSourc
 
 
 def pick_device(device: str = "auto") -> torch.device:
+    """``auto`` (cuda when available, else cpu), or a torch device that exists here; anything else
+    is a ValueError naming the value (``--device`` / ``model.device``) and what is valid."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device {device!r} (--device / model.device) is not a device; "
+                         "use auto, cpu, cuda or cuda:N") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            why = "this torch is a CPU build" if torch.version.cuda is None else "no CUDA GPU is visible"
+            raise ValueError(f"device {device!r} (--device / model.device): {why}; use cpu or auto")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s) here")
+    return dev
 
 
 def load_tokenizer(source: ModelSource):
@@ -121,6 +134,7 @@ def load_policy(name_or_path: str, *, dtype: str = "float32", device: str = "aut
 
         name_or_path = str(default_tiny_model_path())
     source = resolve_model(name_or_path, gguf_file)
+    target = pick_device(device)  # a bad device fails before the (slow) load
     kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
     try:
         model = AutoModelForCausalLM.from_pretrained(source.path, dtype=DTYPES[dtype], **kwargs)
@@ -128,7 +142,7 @@ def load_policy(name_or_path: str, *, dtype: str = "float32", device: str = "aut
         raise _load_error(source, e) from e
     if source.gguf_file:
         _as_plain_weights(model, source)
-    model.to(pick_device(device))
+    model.to(target)
     tokenizer = load_tokenizer(source)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id

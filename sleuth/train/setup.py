@@ -112,6 +112,34 @@ def build_run_retriever(cfg: Config):
     return build_retriever(rcfg)
 
 
+def check_run_dir(out: Path, *, resume: bool, overwrite: bool) -> None:
+    """Refuse to write a new run over an earlier one: ``--resume`` continues it, ``--overwrite``
+    replaces it (its metrics, samples and checkpoints are deleted here)."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"run directory {out} is a file; give a directory path (--out)")
+    logged = [out / "metrics.jsonl", out / "samples.jsonl"]
+    earlier = any(p.exists() for p in logged) or any((out / "checkpoints").glob("step_*"))
+    if not earlier or resume:
+        return
+    if not overwrite:
+        raise ValueError(f"{out} already holds a run (metrics.jsonl, checkpoints); --resume continues it, "
+                         "--overwrite replaces it, or give another --out")
+    shutil.rmtree(out / "checkpoints", ignore_errors=True)
+    for p in logged:
+        p.unlink(missing_ok=True)
+
+
+def probe_retriever(retriever, cfg: Config) -> None:
+    """One test search before the run, so a retriever that is down or a mistyped URL stops the run
+    at once instead of becoming a run of failed searches (counted in ``rollout/retrieval_errors``)."""
+    try:
+        retriever.search(["sleuth start-up check"], 1)
+    except Exception as e:  # RetrievalError, OSError, anything the retriever raises
+        where = cfg.retrieval.url or cfg.retrieval.index_dir or cfg.retrieval.corpus
+        raise ValueError(f"the retriever ({cfg.retrieval.kind}: {where}) failed a test search: {e}; start it "
+                         "(e.g. sleuth serve --index DIR) or fix retrieval.*") from None
+
+
 def build_format(name: str):
     from sleuth.rollout.formats import FORMATS, get_format
 

@@ -180,3 +180,38 @@ def test_other_models_get_the_built_in_budget_and_tiny_the_demos(tmp_path, monke
     resolve_run_defaults(args)
     assert (args.topk, args.max_turns, args.max_tokens_per_turn) == \
         (demo.retrieval.topk, demo.rollout.max_turns, demo.rollout.max_tokens_per_turn) == (1, 2, 40)
+
+
+@pytest.mark.parametrize("given, message", [
+    (dict(topk=0), "--topk must be >= 1, got 0"),
+    (dict(max_turns=-1), "--max-turns must be >= 0, got -1"),
+    (dict(max_tokens_per_turn=0), "--max-tokens-per-turn must be >= 1, got 0"),
+    (dict(batch_size=0), "--batch-size must be >= 1, got 0"),
+])
+def test_budget_flags_out_of_range_name_the_flag(given, message):
+    from sleuth.eval.defaults import resolve_run_defaults
+
+    with pytest.raises(UserError, match=message):
+        resolve_run_defaults(_flags("Qwen/Qwen2.5-3B-Instruct", **given))
+
+
+def test_ask_refuses_a_question_that_is_not_utf8():
+    from sleuth.eval.ask import ask_one
+
+    undecodable = b"caf\xe9 who?".decode("utf-8", errors="surrogateescape")  # how argv keeps such bytes
+    with pytest.raises(ValueError, match="is not valid UTF-8 text"):
+        ask_one(undecodable, None, None, None, None, None, topk=1)
+
+
+def test_eval_out_that_is_a_file_is_refused_before_any_work(tmp_path, capsys):
+    from sleuth.cli import main
+
+    qa = tmp_path / "qa.jsonl"
+    qa.write_text(json.dumps({"id": "1", "question": "who?", "golden_answers": ["x"]}) + "\n")
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text(json.dumps({"id": "p1", "contents": '"T"\nbody'}) + "\n")
+    taken = tmp_path / "taken"
+    taken.write_text("a file")
+    assert main(["eval", "--model", "tiny", "--data", str(qa), "--corpus", str(corpus), "--out", str(taken)]) == 2
+    assert f"--out {taken} is a file, not a directory" in capsys.readouterr().err
+    assert taken.read_text() == "a file"

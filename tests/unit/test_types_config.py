@@ -98,3 +98,36 @@ def test_shipped_configs_load_and_name_known_components():
         assert cfg.reward.kind in REWARD_KINDS, path
         assert cfg.algo.advantage in ADVANTAGES, path
         assert cfg.train.total_steps > 0 and cfg.rollout.group_size >= 1, path
+
+
+@pytest.mark.parametrize("override, message", [
+    ("retrieval.kind=bogus", r"retrieval.kind: 'bogus' is not one of \['bm25'"),
+    ("rollout.format=search_r2", r"rollout.format: 'search_r2' is not one of .*'search_r1_tiny'"),
+    ("algo.advantage=ppo", r"algo.advantage: 'ppo' is not one of"),
+    ("train.total_steps=0", r"train.total_steps must be >= 1, got 0"),
+    ("train.eval_limit=-1", r"train.eval_limit must be >= 1, got -1"),  # was a silent slice: 431 of 432
+    ("train.questions_per_step=0", r"train.questions_per_step must be >= 1"),
+    ("train.lr=-1", r"train.lr must be >= 0, got -1"),
+    ("rollout.max_turns=-1", r"rollout.max_turns must be >= 0"),
+    ("rollout.top_p=0", r"rollout.top_p must be > 0"),
+    ("rollout.top_p=1.5", r"rollout.top_p must be in \(0, 1\]"),
+    ("algo.dual_clip=1", r"algo.dual_clip must be > 1"),
+])
+def test_values_out_of_range_are_refused_naming_the_key(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [override])
+
+
+def test_edge_values_that_mean_something_stay_valid():
+    cfg = load_config(None, ["rollout.max_turns=0", "train.grad_clip=0", "rollout.temperature=0", "train.lr=0",
+                             "train.eval_limit=null", "algo.dual_clip=3", "rollout.top_p=1"])
+    assert (cfg.rollout.max_turns, cfg.train.eval_limit, cfg.algo.dual_clip) == (0, None, 3)
+
+
+def test_config_file_that_is_a_directory_or_not_utf8(tmp_path):
+    with pytest.raises(ConfigError, match="is a directory; give a YAML file"):
+        load_config(tmp_path)
+    bad = tmp_path / "latin1.yaml"
+    bad.write_bytes("train:\n  lr: 0.1  # caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"latin1.yaml is not UTF-8 text \(byte 23\)"):
+        load_config(bad)
