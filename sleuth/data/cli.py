@@ -7,16 +7,31 @@
 
 from __future__ import annotations
 
+import argparse
+
+_DESCRIPTION = """\
+Merge QA files into OUT/train.parquet and OUT/test.parquet (Search-R1's schema and prompt).
+
+The dataset and split of a file come from its path: nq/test.jsonl, dev/nq.jsonl or nq_test.jsonl.
+Every --train file is train data and every --test file is test data, whatever split its path
+names. Files of one dataset under one flag are merged (their ids must differ), with one exception
+from Search-R1: when a dataset's test file is given, its dev/val files are not used. No file is
+dropped silently: each merge, skipped dev file or train-named test file is printed as a note.
+"""
+
 
 def register(sub) -> None:
     """Add the ``data`` command group (``prepare``); other data subcommands can join it here."""
     p = sub.add_parser("data", help="prepare QA data (FlashRAG jsonl -> Search-R1 parquet)")
     data_sub = p.add_subparsers(dest="data_command", metavar="SUBCOMMAND")
     p.set_defaults(func=lambda a: p.print_help() or 2)
-    pr = data_sub.add_parser("prepare", help="merge train files and test files (test, else dev) into parquet")
-    pr.add_argument("--train", nargs="+", default=[], metavar="FILE", help="train files (or names with --hub)")
+    pr = data_sub.add_parser("prepare", help="merge train files and test files (test, else dev) into parquet",
+                             description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    pr.add_argument("--train", nargs="+", default=[], metavar="FILE",
+                    help="train files, all merged (or dataset names with --hub)")
     pr.add_argument("--test", nargs="+", default=[], metavar="FILE",
-                    help="test/dev files; per dataset the test file is used, else the dev file")
+                    help="test data files, all merged whatever split their path names, except that a "
+                         "dataset's dev files are skipped when its test file is given (see above)")
     pr.add_argument("--out", required=True, help="directory for train.parquet and test.parquet")
     pr.add_argument("--format", default="search_r1", help="protocol format whose prompt goes in the parquet")
     pr.add_argument("--hub", action="store_true",
@@ -27,18 +42,21 @@ def register(sub) -> None:
 
 
 def _prepare(args) -> int:
-    from sleuth.cli import UserError, print_json_line
+    from sleuth.cli import UserError, output_dir, print_json_line
     from sleuth.data.prepare import prepare
     from sleuth.data.qa import QADataError
     from sleuth.train.setup import build_format
 
     if args.limit is not None and args.limit < 1:
         raise UserError(f"--limit must be >= 1, got {args.limit}")
+    out = output_dir(args.out)
     try:
-        summary = prepare(args.train, args.test, args.out, build_format(args.format), hub=args.hub,
+        summary = prepare(args.train, args.test, out, build_format(args.format), hub=args.hub,
                           limit=args.limit)  # fmt: skip
     except QADataError as e:
         raise UserError(str(e)) from None
+    for note in summary["notes"]:
+        print(f"note: {note}")
     for part in ("train", "test"):
         if part in summary:
             s = summary[part]

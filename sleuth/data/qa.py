@@ -13,7 +13,8 @@ Formats read by :func:`load_questions` (chosen by file suffix):
 Question ids are globally unique: ``"{data_source}/{split}/{row id}"``, where ``split`` is the
 ``split`` argument, else the row's ``extra_info.split`` (parquet), else the file stem, and the row id
 is the row's ``id`` (else ``extra_info.index``, else the row's position). GRPO groups are keyed by it.
-Every problem in a file is an error naming the file, the line (or row) and the field.
+Text files (``.jsonl``, ``.json``) must be UTF-8. Every problem in a file is an error naming the file,
+the line (or row) and the field.
 """
 
 from __future__ import annotations
@@ -37,9 +38,23 @@ class QADataError(ValueError):
 # ---------------------------------------------------------------------------------------------
 
 
+def _utf8(raw: bytes, path: Path, first_line: int = 1) -> str:
+    """``raw`` (file text from ``first_line`` on) decoded as UTF-8, or an error naming file and line."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = first_line + raw.count(b"\n", 0, e.start)
+        column = e.start - raw.rfind(b"\n", 0, e.start)
+        raise QADataError(
+            f"{path}:{line}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {column}); "
+            "QA files must be UTF-8: re-save the file as UTF-8"
+        ) from None
+
+
 def _jsonl_rows(path: Path) -> Iterator[tuple[str, dict]]:
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
+    with path.open("rb") as f:
+        for n, raw in enumerate(f, 1):
+            line = _utf8(raw, path, n)
             if not line.strip():
                 continue
             where = f"{path}:{n}"
@@ -54,7 +69,7 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[str, dict]]:
 
 def _json_list_rows(path: Path) -> Iterator[tuple[str, dict]]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(_utf8(path.read_bytes(), path))
     except json.JSONDecodeError as e:
         raise QADataError(f"{path}:{e.lineno}: bad JSON ({e.msg} at column {e.colno})")
     if not isinstance(data, list):
@@ -150,6 +165,13 @@ def row_to_question(where: str, row: dict, *, position: int, data_source: str, s
     return Question(id=qid, text=text, golden_answers=answers, data_source=data_source, meta=meta)
 
 
+def _directory_message(path: Path) -> str:
+    """The error for a directory given where a QA file is expected, naming QA files found in it."""
+    found = sorted(p.name for p in path.iterdir() if p.suffix.lower() in _READERS and p.is_file())
+    hint = f" (found in it: {', '.join(found[:5])}{' ...' if len(found) > 5 else ''})" if found else ""
+    return f"{path}: is a directory, not a QA file; give a .jsonl, .json or .parquet file{hint}"
+
+
 def load_questions(
     path: str | Path,
     *,
@@ -165,6 +187,8 @@ def load_questions(
     questions (the first ones). Raises :class:`QADataError` naming file, line and field.
     """
     path = Path(path)
+    if path.is_dir():
+        raise QADataError(_directory_message(path))
     if not path.is_file():
         raise QADataError(f"{path}: no such QA file")
     reader = _READERS.get(path.suffix.lower())

@@ -28,6 +28,9 @@ class BadRowError(ValueError):
     """A row of an input file cannot be scored; the message names file, line and field."""
 
 
+JSONL_HINT = "reward score reads JSON Lines: UTF-8 text, one JSON object per line"
+
+
 @dataclass
 class Totals:
     """Running sums of one group of rows; ``means()`` gives the reported numbers."""
@@ -78,7 +81,7 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, dict]]:
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise BadRowError(f"{path}:{line_no}: not UTF-8 text ({e.reason})") from None
+                raise BadRowError(f"{path}:{line_no}: not UTF-8 text ({e.reason}); {JSONL_HINT}") from None
             if not line.strip():
                 continue
             try:
@@ -120,6 +123,20 @@ def _answers(value: Any, field_name: str, where: str) -> list[str]:
     )
 
 
+def _check_input_file(path: Path) -> None:
+    """Refuse, naming ``path``, what is not a file or is a parquet file (before reading any line)."""
+    if path.is_dir():
+        raise BadRowError(f"--input {path} is a directory; give a JSON Lines file ({JSONL_HINT})")
+    if not path.is_file():
+        raise BadRowError(f"input file not found: {path} (check the --input path)")
+    with open(path, "rb") as f:
+        if f.read(4) == b"PAR1":
+            raise BadRowError(
+                f"{path}: is a parquet file; {JSONL_HINT}. Convert it first, e.g. "
+                "pandas.read_parquet(src).to_json(dst, orient='records', lines=True)"
+            )
+
+
 def score_file(
     path: str | Path,
     response_field: str = "response",
@@ -133,8 +150,7 @@ def score_file(
     ``"Beijing"`` reproduces Search-R1, which falls back to its instruction's example answer).
     """
     path = Path(path)
-    if not path.is_file():
-        raise BadRowError(f"input file not found: {path} (check the --input path)")
+    _check_input_file(path)
     result = FileScore(str(path))
     for line_no, row in iter_jsonl(path):
         where = f"{path}:{line_no}"

@@ -47,8 +47,10 @@ def test_prepare_merges_train_and_falls_back_from_test_to_dev(flashrag, tmp_path
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["train"]["n"] == 3 and summary["test"]["n"] == 4
     # nq has a test file (dev is ignored), hotpotqa only dev, popqa test
-    assert summary["test"]["chosen"] == {"nq": f["nq_test"], "hotpotqa": f["hp_dev"], "popqa": f["pop_test"]}
+    assert summary["test"]["chosen"] == {"nq": [f["nq_test"]], "hotpotqa": [f["hp_dev"]], "popqa": [f["pop_test"]]}
     assert summary["test"]["by_source"] == {"nq": 2, "hotpotqa": 1, "popqa": 1}
+    # the nq dev file is left out, and the user is told so
+    assert summary["notes"] == [f"nq: not using dev file {f['nq_dev']}: a test file of 'nq' is given (test, else dev)"]
     train = load_questions(out / "train.parquet")
     test = load_questions(out / "test.parquet")
     assert [q.id for q in train] == ["nq/train/train_0", "nq/train/train_1", "hotpotqa/train/train_0"]
@@ -63,9 +65,9 @@ def test_prepare_merges_train_and_falls_back_from_test_to_dev(flashrag, tmp_path
 
 def test_prepare_errors_name_the_input(flashrag, tmp_path, capsys):
     out = str(tmp_path / "out")
-    # a dataset with only a train file given as test data
-    assert main(["data", "prepare", "--test", str(flashrag["hp_train"]), "--out", out]) == 2
-    assert "dataset 'hotpotqa': no test or dev file" in capsys.readouterr().err
+    # the same file twice under one flag
+    assert main(["data", "prepare", "--test", str(flashrag["nq_test"]), str(flashrag["nq_test"]), "--out", out]) == 2
+    assert f"--test names {flashrag['nq_test']} more than once" in capsys.readouterr().err
     # the same ids twice in the train merge
     twin = _flashrag(tmp_path / "copy/nq/train.jsonl", [("train_0", "again", ["y"])])
     assert main(["data", "prepare", "--train", str(flashrag["nq_train"]), str(twin), "--out", out]) == 2
@@ -79,6 +81,61 @@ def test_prepare_errors_name_the_input(flashrag, tmp_path, capsys):
     assert f"{bad}:2: bad JSON" in capsys.readouterr().err
     assert main(["data", "prepare", "--out", out]) == 2
     assert "nothing to prepare" in capsys.readouterr().err
+    # not UTF-8, and a directory where a file belongs
+    latin1 = tmp_path / "latin1/nq/test.jsonl"
+    latin1.parent.mkdir(parents=True)
+    latin1.write_bytes('{"id": "1", "question": "café?", "golden_answers": ["a"]}\n'.encode("latin-1"))
+    assert main(["data", "prepare", "--test", str(latin1), "--out", out]) == 2
+    assert f"{latin1}:1: not UTF-8 text" in capsys.readouterr().err
+    assert main(["data", "prepare", "--train", str(latin1.parent), "--out", out]) == 2
+    assert f"{latin1.parent}: is a directory, not a QA file" in capsys.readouterr().err
+
+
+def test_prepare_out_that_is_a_file_is_refused(flashrag, tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("keep me")
+    assert main(["data", "prepare", "--train", str(flashrag["nq_train"]), "--out", str(afile)]) == 2
+    assert f"--out {afile} is a file, not a directory" in capsys.readouterr().err
+    assert afile.read_text() == "keep me"
+    under = afile / "sub"
+    assert main(["data", "prepare", "--train", str(flashrag["nq_train"]), "--out", str(under)]) == 2
+    assert f"cannot write {under / 'train.parquet'}" in capsys.readouterr().err
+
+
+def test_prepare_keeps_every_test_file_whatever_its_folder_says(tmp_path, capsys):
+    """Shared-data layout (split = folder): a train-folder file under --test is test data, merged."""
+    dev = _flashrag(tmp_path / "dev/nq.jsonl", [("d0", "dev q", ["a"]), ("d1", "dev q2", ["b"])])
+    train = _flashrag(tmp_path / "train/nq.jsonl", [("t0", "train q", ["c"])])
+    only_train = _flashrag(tmp_path / "FlashRAG/hotpotqa/train.jsonl", [("h0", "hp q", ["d"])])
+    out = tmp_path / "out"
+    code = main(["data", "prepare", "--test", str(dev), str(train), str(only_train), "--out", str(out), "--json"])
+    assert code == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    summary = json.loads(lines[-1])
+    assert summary["test"]["n"] == 4
+    assert summary["test"]["chosen"] == {"nq": [str(dev), str(train)], "hotpotqa": [str(only_train)]}
+    assert [q.id for q in load_questions(out / "test.parquet")] == ["nq/test/d0", "nq/test/d1", "nq/test/t0",
+                                                                    "hotpotqa/test/h0"]  # fmt: skip
+    assert f"note: nq: merged 2 test files: {dev}, {train}" in lines
+    assert f"note: nq: {train} is named as train data; used as test data (given under --test)" in lines
+    assert f"note: hotpotqa: {only_train} is named as train data; used as test data (given under --test)" in lines
+
+
+def test_prepare_says_when_train_files_of_one_dataset_are_merged(flashrag, tmp_path, capsys):
+    more = _flashrag(tmp_path / "more/nq/train.jsonl", [("train_9", "another", ["z"])])
+    out = tmp_path / "out"
+    assert main(["data", "prepare", "--train", str(flashrag["nq_train"]), str(more), "--out", str(out)]) == 0
+    assert f"note: nq: merged 2 train files: {flashrag['nq_train']}, {more}" in capsys.readouterr().out
+    assert len(load_questions(out / "train.parquet")) == 3
+
+
+@needs_shared
+def test_prepare_shared_dev_and_train_nq_as_test_keeps_all_rows(tmp_path, capsys):
+    files = [str(SHARED / "dev" / "nq.jsonl"), str(SHARED / "train" / "nq.jsonl")]
+    assert main(["data", "prepare", "--test", *files, "--out", str(tmp_path), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["test"]["n"] == 200 + 1717
+    assert len({q.id for q in load_questions(tmp_path / "test.parquet")}) == 1917
 
 
 @needs_shared
@@ -109,7 +166,7 @@ def test_prepare_hub_path_falls_back_to_dev(monkeypatch, tmp_path):
 
     monkeypatch.setattr(prep, "load_hub", fake_hub)
     summary = prep.prepare(["nq", "hotpotqa"], ["nq", "hotpotqa"], tmp_path, hub=True)
-    assert summary["test"]["chosen"] == {"nq": "hub:nq/test", "hotpotqa": "hub:hotpotqa/dev"}
+    assert summary["test"]["chosen"] == {"nq": ["hub:nq/test"], "hotpotqa": ["hub:hotpotqa/dev"]}
     assert calls == [("nq", "train"), ("hotpotqa", "train"), ("nq", "test"), ("hotpotqa", "test"),
                      ("hotpotqa", "dev")]
     test = load_questions(tmp_path / "test.parquet")

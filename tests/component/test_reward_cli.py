@@ -103,7 +103,7 @@ BAD_ROWS = [
     ('{"response": null, "golden_answers": ["x"]}\n', ":1: field 'response' must be a string"),
     ('\n["a list"]\n', ":2: expected a JSON object, got list"),
     ("\n\n", "no rows to score"),
-    (b'{"response": "\xff", "golden_answers": ["x"]}\n', ":1: not UTF-8"),
+    (b'{"response": "\xff", "golden_answers": ["x"]}\n', ":1: not UTF-8 text (invalid start byte); reward score reads JSON"),
 ]
 
 
@@ -128,6 +128,20 @@ def test_missing_file_and_duplicate_input(capsys, tmp_path):
     assert "input file not found" in capsys.readouterr().err
     assert main(["reward", "score", "--input", str(TRANSCRIPTS), "--input", str(TRANSCRIPTS)]) == 2
     assert "given twice" in capsys.readouterr().err
+
+
+def test_parquet_and_directory_inputs_say_what_reward_score_reads(capsys, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = tmp_path / "rows.parquet"
+    pq.write_table(pa.Table.from_pylist([{"response": "<answer>x</answer>", "golden_answers": ["x"]}]), table)
+    assert main(["reward", "score", "--input", str(table)]) == 2
+    err = capsys.readouterr().err
+    assert f"{table}: is a parquet file; reward score reads JSON Lines" in err and "one JSON object per line" in err
+    assert main(["reward", "score", "--input", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"--input {tmp_path} is a directory; give a JSON Lines file" in err and "not found" not in err
 
 
 def test_installed_console_script(tmp_path):

@@ -262,6 +262,27 @@ def test_bad_files(tmp_path):
     assert issubclass(QADataError, ValueError)  # the CLI prints ValueErrors without a traceback
 
 
+def test_non_utf8_text_names_file_line_and_says_utf8(tmp_path):
+    latin1 = '{"id": "2", "question": "café?", "golden_answers": ["x"]}'.encode("latin-1")
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(json.dumps(GOOD).encode() + b"\n" + latin1 + b"\n")
+    with pytest.raises(QADataError, match=r"latin1.jsonl:2: not UTF-8 text \(byte 0xe9 at column 29\).*must be UTF-8"):
+        load_questions(path)
+    listed = tmp_path / "latin1.json"
+    listed.write_bytes(b"[" + json.dumps(GOOD).encode() + b",\n" + latin1 + b"]")
+    with pytest.raises(QADataError, match=r"latin1.json:2: not UTF-8 text \(byte 0xe9 at column 29\)"):
+        load_questions(listed)
+
+
+def test_a_directory_is_named_as_one_with_the_qa_files_in_it(tmp_path):
+    with pytest.raises(QADataError, match=r"is a directory, not a QA file; give a .jsonl, .json or .parquet file$"):
+        load_questions(tmp_path)
+    write_jsonl(tmp_path / "nq.jsonl", [GOOD])
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(QADataError, match=r"is a directory, .*\(found in it: nq.jsonl\)$"):
+        load_questions(tmp_path)
+
+
 # --- hub (never online in tests) ---------------------------------------------------------------
 
 
