@@ -284,6 +284,17 @@ def _eval(args) -> int:
     return 0
 
 
+def budget_warnings(summary: dict, share: float = 0.25) -> list[str]:
+    """Stop reasons that say the budget, not the model, decided many questions."""
+    out = []
+    for reason, flag in (("context_full", "--max-context-tokens"), ("max_tokens", "--max-tokens-per-turn")):
+        got = summary.get("stop_reasons", {}).get(reason, 0.0)
+        if got >= share:
+            out.append(f"{got:.0%} of trajectories stopped at {reason}; {flag} may be too small for this model "
+                       "and prompt")
+    return out
+
+
 def _write_outputs(args, out: Path, summary: dict, setting: dict, baseline: dict | None, ids: list[str]) -> None:
     """``results.json``, ``report.md``, the summary line and (``--json``) the JSON line."""
     from sleuth.cli import print_json_line
@@ -295,6 +306,8 @@ def _write_outputs(args, out: Path, summary: dict, setting: dict, baseline: dict
     (out / "report.md").write_text(render_report(summary, setting, published, baseline))
     print(f"EM {summary['em']:.3f}  F1 {summary['f1']:.3f}  cover-EM {summary['cover_em']:.3f}  "
           f"searches {summary['searches']:.2f}  ({summary['n']} questions) -> {out / 'report.md'}")
+    for warning in budget_warnings(summary):
+        print(f"warning: {warning}", file=sys.stderr)
     if baseline is not None:
         b = baseline["summary"]
         print(f"baseline ({doc['baseline']['label']}): EM {b['em']:.3f}  F1 {b['f1']:.3f}  "

@@ -17,3 +17,19 @@ class Retriever(Protocol):
     def search(self, queries: list[str], k: int) -> list[list[Passage]]:
         """Batched search: one list of at most ``k`` passages (best first, with scores) per query."""
         ...
+
+
+class IndexFileError(ValueError):
+    """A file of a built index is missing or corrupt. ``load_index`` names the index directory
+    and adds the command that rebuilds it."""
+
+
+def index_file_error(where, e: BaseException) -> IndexFileError:
+    """An IndexFileError for ``where`` (a file or folder of an index) that could not be read
+    because of ``e``; keeps only the first sentence of the library's text."""
+    if isinstance(e, FileNotFoundError) and e.filename:
+        return IndexFileError(f"{e.filename} is missing")
+    if "allow_pickle" in str(e):  # numpy's way of saying "not a .npy file"; its advice would mislead
+        return IndexFileError(f"cannot read {where} (a .npy file is not a valid array)")
+    first = str(e).strip().splitlines()[0].split(". ")[0][:160] if str(e).strip() else ""
+    return IndexFileError(f"cannot read {where} ({type(e).__name__}: {first})")

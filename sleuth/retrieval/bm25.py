@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sleuth.retrieval.base import IndexFileError, index_file_error
 from sleuth.retrieval.corpus import CorpusStore, progress_bar
 from sleuth.types import Passage
 
@@ -97,13 +98,16 @@ class BM25Retriever:
         bm25_dir = Path(bm25_dir)
         params_path = bm25_dir / PARAMS_FILE
         if not params_path.is_file():
-            raise FileNotFoundError(f"{bm25_dir} holds no BM25 index ({PARAMS_FILE} missing)")
-        self.params = BM25Params(**json.loads(params_path.read_text()))
-        self.model = bm25s.BM25.load(str(bm25_dir), mmap=True, show_progress=False)
+            raise IndexFileError(f"{bm25_dir} holds no BM25 index ({PARAMS_FILE} is missing)")
+        try:
+            self.params = BM25Params(**json.loads(params_path.read_text()))
+            self.model = bm25s.BM25.load(str(bm25_dir), mmap=True, show_progress=False)
+        except (OSError, ValueError, TypeError, KeyError, EOFError) as e:
+            raise index_file_error(bm25_dir, e) from None
         self.store = store
         if self.model.scores["num_docs"] != len(store):
-            raise ValueError(f"{bm25_dir}: BM25 index has {self.model.scores['num_docs']} passages, "
-                             f"the corpus store {len(store)}; rebuild the index")
+            raise IndexFileError(f"{bm25_dir}: BM25 index has {self.model.scores['num_docs']} passages, "
+                                 f"the corpus store {len(store)}")
         tok = _make_tokenizer(self.params)
         self._split, self._stop = tok.splitter, set(tok.stopwords or ())
         self._stem = tok.stemmer

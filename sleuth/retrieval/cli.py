@@ -2,7 +2,7 @@
 
     sleuth index build --corpus FILE --kind bm25|dense|hybrid [--encoder NAME_OR_PATH]
                        [--faiss FACTORY] --out DIR [--json]
-    sleuth search --index DIR | --url URL "query" ["query" ...] [-k 3] [--json]
+    sleuth search --index DIR | --url URL [--token T] "query" ["query" ...] [-k 3] [--json]
 
 With ``--json`` the last stdout line is one JSON summary object. Progress bars go to stderr.
 """
@@ -29,7 +29,7 @@ def register(sub) -> None:
                    help="faiss ParameterSpace string, e.g. nprobe=32 (default: chosen per factory)")
     b.add_argument("--cache-dir", default=None, help="embedding cache directory (default OUT/dense/embeddings)")
     b.add_argument("--batch-size", type=int, default=64, help="encoder batch size")
-    b.add_argument("--device", default=None, help="encoder device, e.g. cpu or cuda")
+    b.add_argument("--device", default=None, help="encoder device: cpu, cuda, cuda:N or auto (default)")
     b.add_argument("--skip-bad", action="store_true", help="skip (and count) malformed corpus lines")
     b.add_argument("--overwrite", action="store_true", help="replace an existing index in --out")
     b.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
@@ -40,25 +40,29 @@ def register(sub) -> None:
     where = s.add_mutually_exclusive_group(required=True)
     where.add_argument("--index", help="index directory written by `sleuth index build`")
     where.add_argument("--url", help="a Search-R1 /retrieve server (e.g. `sleuth serve`) instead of --index")
+    s.add_argument("--token", default=None,
+                   help="bearer token of a --url server started with `sleuth serve --token` "
+                        "(default: $SLEUTH_RETRIEVAL_TOKEN)")
     s.add_argument("-k", type=int, default=3, help="passages per query (default 3)")
     s.add_argument("--kind", default=None, choices=["bm25", "dense", "hybrid"],
                    help="open one side of a hybrid index")
     s.add_argument("--rerank", default=None, metavar="CROSS_ENCODER",
                    help="rerank the top --rerank-top-n with this cross-encoder (name or path)")
-    s.add_argument("--rerank-top-n", type=int, default=20)
-    s.add_argument("--device", default=None)
+    s.add_argument("--rerank-top-n", type=int, default=20, help="candidates the cross-encoder rescores")
+    s.add_argument("--device", default=None, help="encoder device: cpu, cuda, cuda:N or auto (default)")
     s.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     s.set_defaults(func=_search)
 
 
 def _build(args: argparse.Namespace) -> int:
-    from sleuth.cli import UserError, print_json_line
+    from sleuth.cli import UserError, output_dir, print_json_line
     from sleuth.retrieval.corpus import CorpusError
     from sleuth.retrieval.index import build_index
 
+    out = output_dir(args.out)
     try:
         meta = build_index(
-            args.corpus, args.kind, args.out, encoder=args.encoder, faiss_factory=args.faiss,
+            args.corpus, args.kind, out, encoder=args.encoder, faiss_factory=args.faiss,
             faiss_search_params=args.faiss_search_params, cache_dir=args.cache_dir,
             skip_bad=args.skip_bad, overwrite=args.overwrite, batch_size=args.batch_size,
             device=args.device, show_progress=True)
@@ -82,9 +86,9 @@ def _build(args: argparse.Namespace) -> int:
 def open_retriever(args: argparse.Namespace):
     """The retriever a ``search`` invocation asks for (an index dir or a server, optionally reranked)."""
     if args.url:
-        from sleuth.retrieval.client import RemoteRetriever
+        from sleuth.retrieval.client import RemoteRetriever, env_token
 
-        retriever = RemoteRetriever(args.url)
+        retriever = RemoteRetriever(args.url, token=env_token(args.token))
     else:
         from sleuth.retrieval.index import load_index
 
@@ -101,6 +105,8 @@ def _search(args: argparse.Namespace) -> int:
 
     if args.k < 1:
         raise UserError(f"-k must be >= 1, got {args.k}")
+    if args.rerank_top_n < 1:
+        raise UserError(f"--rerank-top-n must be >= 1, got {args.rerank_top_n}")
     from sleuth.retrieval.base import RetrievalError
 
     retriever = open_retriever(args)
@@ -116,7 +122,8 @@ def _search(args: argparse.Namespace) -> int:
             print("  (no passages: the query has no searchable term)")
         for rank, p in enumerate(passages, start=1):
             snippet = " ".join(p.text.split()[:30])
-            print(f"  {rank}. [{p.id}] {p.title} (score {p.score:.4f})\n     {snippet}")
+            score = "" if p.score is None else f" (score {p.score:.4f})"
+            print(f"  {rank}. [{p.id}] {p.title}{score}\n     {snippet}")
     if args.json:
         print_json_line({"command": "search", "index": args.index and str(args.index), "url": args.url,
                          "k": args.k,

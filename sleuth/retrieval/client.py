@@ -11,6 +11,7 @@ Empty or blank queries are answered locally with no passages and never sent.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -25,7 +26,15 @@ from sleuth.retrieval.base import RetrievalError
 from sleuth.types import Passage
 
 TOKEN_ENV = "SLEUTH_RETRIEVAL_TOKEN"
-"""Environment variable holding the bearer token (read by ``sleuth serve`` and ``from_config``)."""
+"""Environment variable holding the bearer token (read by ``sleuth serve``, ``sleuth search --url``
+and ``from_config``)."""
+AUTH_HINT = (f"the server wants its bearer token: set ${TOKEN_ENV} (or pass --token to sleuth search) "
+             "to the token it was started with (sleuth serve --token)")
+
+
+def env_token(token: str | None = None) -> str | None:
+    """``token``, else ``$SLEUTH_RETRIEVAL_TOKEN``, else None."""
+    return token or os.environ.get(TOKEN_ENV) or None
 
 
 class LRUCache:
@@ -78,10 +87,11 @@ def send_with_retries(
     max_backoff_s: float = 8.0,
     sleep: Callable[[float], None] = time.sleep,
     on_retry: Callable[[], None] | None = None,
+    auth_hint: str = "",
 ) -> httpx.Response:
     """Call ``send`` until it answers < 400; retry transport errors, timeouts, 5xx and 429 up to
     ``retries`` times, waiting ``backoff_s * 2**i`` (capped) before retry i. Other 4xx raise at once.
-    Every failure is a RetrievalError that names ``url``."""
+    Every failure is a RetrievalError that names ``url``; ``auth_hint`` is added to a 401/403."""
     last = ""
     for attempt in range(retries + 1):
         if attempt:
@@ -100,7 +110,8 @@ def send_with_retries(
             last = f"HTTP {resp.status_code}: {_detail(resp)}"
             continue
         if resp.status_code >= 400:
-            raise RetrievalError(f"{url} rejected the request: HTTP {resp.status_code}: {_detail(resp)}")
+            hint = f"; {auth_hint}" if auth_hint and resp.status_code in (401, 403) else ""
+            raise RetrievalError(f"{url} rejected the request: HTTP {resp.status_code}: {_detail(resp)}{hint}")
         return resp
     raise RetrievalError(f"{url} failed after {retries + 1} attempt(s): {last}")
 
@@ -124,27 +135,39 @@ def parse_result(data: Any, n: int, url: str) -> list[list[Passage]]:
     for i, entries in enumerate(result):
         if not isinstance(entries, list):
             raise RetrievalError(f"{url}: result[{i}] is not a list of documents")
-        passages = []
-        for entry in entries:
-            scored = isinstance(entry, dict) and "document" in entry
-            doc = entry["document"] if scored else entry
-            if not isinstance(doc, dict) or not ("contents" in doc or "text" in doc):
-                raise RetrievalError(f"{url}: result[{i}] holds a document without 'contents': {str(doc)[:200]}")
-            score = _as_float(entry.get("score")) if scored else None
-            pid = str(doc.get("id", ""))
-            if "contents" in doc:
-                passages.append(Passage.from_contents(pid, str(doc["contents"]), score))
-            else:
-                passages.append(Passage(pid, str(doc.get("title", "")), str(doc["text"]), score))
-        out.append(passages)
+        out.append([_passage(entry, f"{url}: result[{i}][{j}]") for j, entry in enumerate(entries)])
     return out
 
 
-def _as_float(x: Any) -> float | None:
-    try:
-        return float(x)
-    except (TypeError, ValueError):
+def _passage(entry: Any, where: str) -> Passage:
+    """One ``{"document": {...}, "score": s}`` or bare ``{...}`` document as a Passage; ``where``
+    (URL and position) starts every error."""
+    scored = isinstance(entry, dict) and "document" in entry
+    doc = entry["document"] if scored else entry
+    if not isinstance(doc, dict) or not ("contents" in doc or "text" in doc):
+        raise RetrievalError(f"{where} holds a document without 'contents': {str(doc)[:200]}")
+    for key in ("contents", "text", "title"):
+        value = doc.get(key)
+        if value is not None and not isinstance(value, str):
+            raise RetrievalError(f"{where}: {key!r} must be a string, got {type(value).__name__} {str(value)[:50]}")
+    score = _score(entry.get("score"), where) if scored else None
+    pid = str(doc.get("id", ""))
+    if isinstance(doc.get("contents"), str):
+        return Passage.from_contents(pid, doc["contents"], score)
+    return Passage(pid, doc.get("title") or "", doc["text"], score)
+
+
+def _score(x: Any, where: str) -> float | None:
+    """A score as a float (numbers and numeric strings); None when absent; an error otherwise."""
+    if x is None:
         return None
+    try:
+        value = math.nan if isinstance(x, bool) else float(x)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not math.isfinite(value):
+        raise RetrievalError(f"{where}: 'score' must be a number, got {str(x)[:50]!r}")
+    return value
 
 
 @dataclass
@@ -196,7 +219,7 @@ class RemoteRetriever:
         """From a ``RetrievalConfig`` (kind=url); the token comes from ``$SLEUTH_RETRIEVAL_TOKEN``."""
         if not cfg.url:
             raise ValueError("retrieval.url is not set: pass --set retrieval.url=http://127.0.0.1:8000/retrieve")
-        return cls(cfg.url, token=os.environ.get(TOKEN_ENV) or None, timeout_s=cfg.timeout_s,
+        return cls(cfg.url, token=env_token(), timeout_s=cfg.timeout_s,
                    retries=cfg.retries, cache_size=cfg.cache_size)
 
     def search(self, queries: list[str], k: int) -> list[list[Passage]]:
@@ -239,7 +262,7 @@ class RemoteRetriever:
         try:
             resp = send_with_retries(
                 send, url=self.url, retries=self.retries, backoff_s=self.backoff_s,
-                sleep=self._sleep, on_retry=count_retry,
+                sleep=self._sleep, on_retry=count_retry, auth_hint=AUTH_HINT,
             )
             self.stats.queries_sent += len(queries)
             try:
@@ -272,6 +295,6 @@ def search_url(
 ) -> list[list[Passage]]:
     """One-shot search against a server (for ``sleuth search --url``); ``token`` defaults to
     ``$SLEUTH_RETRIEVAL_TOKEN``."""
-    token = token or os.environ.get(TOKEN_ENV) or None
+    token = env_token(token)
     with RemoteRetriever(url, token=token, timeout_s=timeout_s, retries=1, cache_size=0) as r:
         return r.search(queries, k)

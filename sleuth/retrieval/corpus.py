@@ -7,7 +7,7 @@ Ingest reads a JSON Lines corpus in one streaming pass. Two row schemas are acce
 * FlashRAG-style: ``{"id": ..., "title": ..., "text": ...}`` (``title`` may be missing).
 
 Bad rows (invalid JSON, not an object, no id, no text) are **errors** naming the file and line by
-default; with ``skip_bad=True`` they are skipped, counted, and the count plus the first few
+default; with ``skip_bad=True`` (``--skip-bad`` for ``sleuth index build``) they are skipped, counted, and the count plus the first few
 reasons are returned in :class:`IngestStats` (and stored in the index's ``meta.json``). Blank
 lines are ignored. Duplicate ids are always an error naming both lines.
 
@@ -29,6 +29,7 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 
+from sleuth.retrieval.base import IndexFileError, index_file_error
 from sleuth.types import Passage
 
 ARROW_FILE = "passages.arrow"
@@ -38,6 +39,10 @@ SOURCE_FILE = "source.json"
 _SCHEMA = pa.schema([("id", pa.string()), ("title", pa.string()), ("text", pa.string())])
 _BATCH_ROWS = 8192
 _MAX_REASONS = 5
+SKIP_BAD_HINT = "fix the line, or skip bad lines (--skip-bad for sleuth index build, skip_bad=True in Python)"
+JSONL_SHAPE = 'JSON Lines (one {"id": ..., "contents": "\\"Title\\"\\ntext"} object per line)'
+_BINARY_MAGIC = {b"PAR1": "a Parquet file", b"ARROW1": "an Arrow file", b"\x1f\x8b": "a gzip file",
+                 b"PK\x03\x04": "a zip file", b"SQLite format 3": "a SQLite database"}
 
 
 class CorpusError(ValueError):
@@ -72,7 +77,8 @@ def parse_row(line: str, where: str) -> tuple[str, str, str]:
     try:
         row = json.loads(line)
     except json.JSONDecodeError as e:
-        raise CorpusError(f"{where}: not valid JSON ({e.msg} at column {e.colno})") from None
+        msg = e.msg.removesuffix(" at")  # "Unterminated string starting at" + " at column 5"
+        raise CorpusError(f"{where}: not valid JSON ({msg} at column {e.colno})") from None
     if not isinstance(row, dict):
         raise CorpusError(f"{where}: expected a JSON object, got {type(row).__name__}")
     pid = row.get("id", row.get("_id"))
@@ -113,8 +119,7 @@ def ingest_jsonl(
 ) -> IngestStats:
     """Stream ``path`` (jsonl) into a corpus store in ``out_dir``; see the module docstring."""
     path, out_dir = Path(path), Path(out_dir)
-    if not path.is_file():
-        raise CorpusError(f"corpus file {path} does not exist")
+    check_corpus_file(path)
     out_dir.mkdir(parents=True, exist_ok=True)
     stats = IngestStats(path=str(path))
     sha = hashlib.sha256()
@@ -135,7 +140,7 @@ def ingest_jsonl(
                     pid, title, text = parse_row(_decode(raw, f"{path}:{lineno}"), f"{path}:{lineno}")
                 except CorpusError as e:
                     if not skip_bad:
-                        raise CorpusError(f"{e}; fix the line or ingest with skip_bad=True") from None
+                        raise CorpusError(f"{e}; {SKIP_BAD_HINT}") from None
                     stats.n_skipped += 1
                     if len(stats.skipped_examples) < _MAX_REASONS:
                         stats.skipped_examples.append(str(e))
@@ -152,7 +157,7 @@ def ingest_jsonl(
         stats.n_passages = len(hashes)
         stats.sha256 = sha.hexdigest()
         if stats.n_passages == 0:
-            raise CorpusError(f"corpus file {path} holds no passages")
+            raise CorpusError(_no_passages(stats))
         _write_id_table(np.frombuffer(hashes, dtype=np.uint64), np.frombuffer(lines, dtype=np.int64),
                         out_dir, path)
         (out_dir / SOURCE_FILE).write_text(json.dumps(asdict(stats), indent=2))
@@ -161,6 +166,29 @@ def ingest_jsonl(
             (out_dir / name).unlink(missing_ok=True)
         raise
     return stats
+
+
+def check_corpus_file(path: Path) -> None:
+    """Refuse a corpus path that is missing, a directory, or a binary file (e.g. Parquet)."""
+    if path.is_dir():
+        raise CorpusError(f"corpus {path} is a directory; give the path of a corpus file in {JSONL_SHAPE}")
+    if not path.is_file():
+        raise CorpusError(f"corpus file {path} does not exist")
+    with open(path, "rb") as f:
+        head = f.read(4096)
+    kind = next((name for magic, name in _BINARY_MAGIC.items() if head.startswith(magic)), None)
+    if kind or b"\x00" in head:
+        raise CorpusError(f"corpus file {path} is {kind or 'a binary file'}, but a corpus must be "
+                          f"{JSONL_SHAPE}; convert it, e.g. pandas.read_parquet(...).to_json(..., "
+                          "orient='records', lines=True)")
+
+
+def _no_passages(stats: IngestStats) -> str:
+    """Why an ingest produced nothing: an empty file, or (with skip_bad) only bad lines."""
+    if not stats.n_skipped:
+        return f"corpus file {stats.path} holds no passages"
+    return (f"corpus file {stats.path} holds no good passages: all {stats.n_skipped} non-blank "
+            f"lines were skipped as bad, e.g. {stats.skipped_examples[0]}")
 
 
 def _write_id_table(hashes: np.ndarray, lines: np.ndarray, out_dir: Path, src: Path) -> None:
@@ -188,16 +216,18 @@ class CorpusStore:
         self.dir = Path(directory)
         arrow_path = self.dir / ARROW_FILE
         if not arrow_path.is_file():
-            raise CorpusError(f"{self.dir} is not a corpus store (no {ARROW_FILE}); build an index first")
-        self._source = pa.memory_map(str(arrow_path), "r")
-        self.table = pa.ipc.open_file(self._source).read_all()
+            raise CorpusError(f"{self.dir} is not a corpus store ({ARROW_FILE} is missing)")
+        try:
+            self._source = pa.memory_map(str(arrow_path), "r")
+            self.table = pa.ipc.open_file(self._source).read_all()
+        except (OSError, ValueError) as e:  # pa.ArrowInvalid is a ValueError
+            raise index_file_error(arrow_path, e) from None
         self._batches = self.table.to_batches()
         self._starts = np.cumsum([0] + [b.num_rows for b in self._batches])[:-1]
         if check:
-            self._hash = np.load(self.dir / HASH_FILE, mmap_mode="r")
-            self._rows = np.load(self.dir / ROWS_FILE, mmap_mode="r")
+            self._hash, self._rows = (_load_array(self.dir / name) for name in (HASH_FILE, ROWS_FILE))
             if len(self._hash) != self.table.num_rows:
-                raise CorpusError(f"{self.dir}: id table and passages disagree in length; rebuild")
+                raise IndexFileError(f"{self.dir}: id table and passages disagree in length")
 
     def __len__(self) -> int:
         return self.table.num_rows
@@ -256,6 +286,16 @@ class CorpusStore:
         for lo in range(start, stop, batch_rows):
             part = self.table.slice(lo, min(batch_rows, stop - lo)).select(["title", "text"]).to_pydict()
             yield lo, [index_text(t, x) for t, x in zip(part["title"], part["text"])]
+
+
+def _load_array(path: Path) -> np.ndarray:
+    """A memory-mapped .npy array; a missing or corrupt file is an IndexFileError."""
+    try:
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    except ValueError:  # numpy's text ("pickled data ... allow_pickle") would mislead here
+        raise IndexFileError(f"{path} is not a valid .npy array") from None
+    except (OSError, EOFError) as e:
+        raise index_file_error(path, e) from None
 
 
 def index_text(title: str, text: str) -> str:

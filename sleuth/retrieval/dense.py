@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from sleuth.device import check_device
+from sleuth.retrieval.base import IndexFileError, index_file_error
 from sleuth.retrieval.bm25 import check_k
 from sleuth.retrieval.corpus import CorpusStore
 from sleuth.retrieval.embcache import encode_corpus, exact_search
@@ -69,6 +71,7 @@ def load_encoder(name: str, device: str | None = None):
     """
     from sentence_transformers import SentenceTransformer
 
+    device = check_device(device)
     try:
         return SentenceTransformer(resolve_encoder(name), device=device)
     except (OSError, ValueError) as e:
@@ -93,15 +96,41 @@ def default_search_params(factory: str) -> str:
     return ",".join(parts)
 
 
-def make_faiss_index(dim: int, factory: str, sample_fn, n: int):
-    """Build and train an index for ``factory``; ``sample_fn(m)`` returns m training vectors."""
+def _faiss_reason(e: RuntimeError) -> str:
+    """The last clause of a faiss error ("could not set parameter nprobe"), without the C++ location."""
+    return str(e).strip().splitlines()[-1].rsplit(":", 1)[-1].strip()
+
+
+def new_faiss_index(dim: int, factory: str):
+    """An empty, untrained inner-product index for ``factory`` (a ValueError when it is not valid)."""
     import faiss
 
     try:
         index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
     except RuntimeError as e:
-        raise ValueError(f"faiss factory string {factory!r} is not valid: {str(e).splitlines()[-1]}") from None
+        raise ValueError(f"faiss factory string {factory!r} is not valid (--faiss): {_faiss_reason(e)}") from None
     disable_polysemous_training(index)
+    return index
+
+
+def set_search_params(index, params: str, factory: str) -> None:
+    """Apply a faiss ParameterSpace string (``nprobe=32``); a ValueError naming the flag and value."""
+    import faiss
+
+    if not params:
+        return
+    try:
+        faiss.ParameterSpace().set_index_parameters(index, params)
+    except RuntimeError as e:
+        raise ValueError(
+            f"--faiss-search-params {params!r} does not fit a {factory!r} index ({_faiss_reason(e)}); "
+            "give name=number pairs that the index has, e.g. nprobe=32 for IVF, efSearch=128 for HNSW, "
+            "or none for Flat") from None
+
+
+def make_faiss_index(dim: int, factory: str, sample_fn, n: int):
+    """Build and train an index for ``factory``; ``sample_fn(m)`` returns m training vectors."""
+    index = new_faiss_index(dim, factory)
     if not index.is_trained:
         try:
             train_for_inner_product(index, sample_fn(min(n, 256 * 1024)))
@@ -166,6 +195,10 @@ def build_dense(store: CorpusStore, out_dir: str | Path, *, encoder: str | None 
     encoder = encoder or DEFAULT_ENCODER
     query_prefix, passage_prefix = encoder_prefixes(resolve_encoder(encoder))
     model = load_encoder(encoder, device)
+    search_params = default_search_params(factory) if search_params is None else search_params
+    # A bad factory or search parameter fails now, not after the (slow) encoding.
+    probe_dim = encode_queries(model, ["dimension probe"], "").shape[1]
+    set_search_params(new_faiss_index(probe_dim, factory), search_params, factory)
     t0 = time.perf_counter()
     chunks = encode_corpus(store, model, Path(cache_dir or out_dir / "embeddings"), passage_prefix,
                            encoder_id=encoder, batch_size=batch_size, show_progress=show_progress)
@@ -175,9 +208,7 @@ def build_dense(store: CorpusStore, out_dir: str | Path, *, encoder: str | None 
     index = make_faiss_index(dim, factory, lambda m: chunks.sample(m, rng), len(store))
     for emb_CD in chunks.iter_arrays():
         index.add(emb_CD)
-    search_params = default_search_params(factory) if search_params is None else search_params
-    if search_params:
-        faiss.ParameterSpace().set_index_parameters(index, search_params)
+    set_search_params(index, search_params, factory)
     faiss.write_index(index, str(out_dir / INDEX_FILE))
     params = {"encoder": encoder, "query_prefix": query_prefix, "passage_prefix": passage_prefix,
               "dim": dim, "faiss_factory": factory, "faiss_search_params": search_params}
@@ -213,22 +244,34 @@ def measure_recall(index, model, store, chunks, query_prefix, queries, *, k, n, 
     return {"k": kk, "value": round(float(np.mean(hits)) / kk, 4), "n_queries": len(queries)}
 
 
+def read_dense_dir(dense_dir: Path, n_passages: int):
+    """``(params, faiss index)`` saved by :func:`build_dense`; IndexFileError when missing or corrupt."""
+    import faiss
+
+    for name in (PARAMS_FILE, INDEX_FILE):
+        if not (dense_dir / name).is_file():
+            raise IndexFileError(f"{dense_dir} holds no dense index ({name} is missing)")
+    try:
+        params = json.loads((dense_dir / PARAMS_FILE).read_text())
+        index = faiss.read_index(str(dense_dir / INDEX_FILE), faiss.IO_FLAG_MMAP)
+    except (OSError, ValueError) as e:
+        raise index_file_error(dense_dir, e) from None
+    except RuntimeError as e:  # faiss
+        raise IndexFileError(f"cannot read {dense_dir / INDEX_FILE} ({_faiss_reason(e)})") from None
+    if not isinstance(params, dict) or not {"encoder", "query_prefix"} <= params.keys():
+        raise IndexFileError(f"{dense_dir / PARAMS_FILE} does not name the encoder and its prefixes")
+    set_search_params(index, params.get("faiss_search_params") or "", params.get("faiss_factory", "?"))
+    if index.ntotal != n_passages:
+        raise IndexFileError(f"{dense_dir}: faiss index has {index.ntotal} vectors, the corpus "
+                             f"store {n_passages} passages")
+    return params, index
+
+
 class DenseRetriever:
     """Encoder + faiss index over a corpus store (satisfies ``Retriever``)."""
 
     def __init__(self, dense_dir: str | Path, store: CorpusStore, device: str | None = None):
-        import faiss
-
-        dense_dir = Path(dense_dir)
-        if not (dense_dir / PARAMS_FILE).is_file():
-            raise FileNotFoundError(f"{dense_dir} holds no dense index ({PARAMS_FILE} missing)")
-        self.params = json.loads((dense_dir / PARAMS_FILE).read_text())
-        self.index = faiss.read_index(str(dense_dir / INDEX_FILE), faiss.IO_FLAG_MMAP)
-        if self.params.get("faiss_search_params"):
-            faiss.ParameterSpace().set_index_parameters(self.index, self.params["faiss_search_params"])
-        if self.index.ntotal != len(store):
-            raise ValueError(f"{dense_dir}: faiss index has {self.index.ntotal} vectors, the corpus "
-                             f"store {len(store)} passages; rebuild the index")
+        self.params, self.index = read_dense_dir(Path(dense_dir), len(store))
         self.store = store
         self.model = load_encoder(self.params["encoder"], device)
         self.num_empty_queries = 0

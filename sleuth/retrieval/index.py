@@ -55,9 +55,12 @@ def build_index(
     from sleuth.retrieval.bm25 import build_bm25
     from sleuth.retrieval.corpus import CorpusStore, ingest_jsonl
     from sleuth.retrieval.dense import build_dense
+    from sleuth.device import check_device
 
     if kind not in KINDS:
         raise ValueError(f"index kind must be one of {KINDS}, got {kind!r}")
+    if kind != "bm25":
+        check_device(device)  # before the ingest, not after it
     out = Path(out)
     if (out / META_FILE).exists():
         if not overwrite:
@@ -117,7 +120,9 @@ def load_index(index_dir: str | Path, *, kind: str | None = None, device: str | 
     ``kind`` may pick one side of a hybrid index (``bm25`` or ``dense``); by default the kind it
     was built as. ``device`` is the encoder's torch device (default: sentence-transformers' choice).
     """
-    from sleuth.retrieval.corpus import CorpusStore
+    from sleuth.retrieval.base import IndexFileError
+    from sleuth.retrieval.corpus import CorpusError
+    from sleuth.device import check_device
 
     index_dir = Path(index_dir)
     meta = read_meta(index_dir)
@@ -125,6 +130,26 @@ def load_index(index_dir: str | Path, *, kind: str | None = None, device: str | 
     kind = kind or built
     if kind not in KINDS or (built != "hybrid" and kind != built):
         raise ValueError(f"index {index_dir} was built as {built!r}; cannot open it as {kind!r}")
+    if kind != "bm25":
+        check_device(device)
+    try:
+        sparse, dense = _open_parts(index_dir, kind, device)
+    except (IndexFileError, CorpusError) as e:
+        corpus = meta.get("corpus", {}).get("path", "CORPUS.jsonl")
+        raise IndexFileError(
+            f"index {index_dir} is damaged or incomplete: {e}. Rebuild it: sleuth index build "
+            f"--corpus {corpus} --kind {built} --out {index_dir} --overwrite") from None
+    if kind == "hybrid":
+        from sleuth.retrieval.hybrid import HybridRetriever
+
+        return HybridRetriever(sparse, dense)
+    return sparse if sparse is not None else dense
+
+
+def _open_parts(index_dir: Path, kind: str, device: str | None):
+    """``(bm25 retriever or None, dense retriever or None)`` over the index's corpus store."""
+    from sleuth.retrieval.corpus import CorpusStore
+
     store = CorpusStore(index_dir / "corpus")
     sparse = dense = None
     if kind in ("bm25", "hybrid"):
@@ -135,8 +160,4 @@ def load_index(index_dir: str | Path, *, kind: str | None = None, device: str | 
         from sleuth.retrieval.dense import DenseRetriever
 
         dense = DenseRetriever(index_dir / "dense", store, device=device)
-    if kind == "hybrid":
-        from sleuth.retrieval.hybrid import HybridRetriever
-
-        return HybridRetriever(sparse, dense)
-    return sparse if sparse is not None else dense
+    return sparse, dense

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from sleuth.device import check_device
 from sleuth.retrieval.bm25 import check_k
 from sleuth.retrieval.corpus import index_text
 from sleuth.types import Passage
@@ -19,6 +20,7 @@ def load_cross_encoder(name_or_path: str, device: str | None = None, max_length:
     """A ``sentence_transformers.CrossEncoder`` from a hub name or a local directory."""
     from sentence_transformers import CrossEncoder
 
+    device = check_device(device)
     try:
         return CrossEncoder(name_or_path, device=device, max_length=max_length)
     except (OSError, ValueError) as e:
@@ -30,7 +32,8 @@ class CrossEncoderReranker:
     """Wrap ``base`` (any Retriever) and rerank its top ``top_n`` with a cross-encoder."""
 
     def __init__(self, base, model, *, top_n: int = 20, batch_size: int = 32, device: str | None = None):
-        check_k(top_n)
+        if not isinstance(top_n, int) or isinstance(top_n, bool) or top_n < 1:
+            raise ValueError(f"rerank top_n (--rerank-top-n) must be an integer >= 1, got {top_n!r}")
         self.base = base
         self.model = load_cross_encoder(model, device) if isinstance(model, str) else model
         self.top_n, self.batch_size = top_n, batch_size

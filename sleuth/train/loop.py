@@ -29,7 +29,7 @@ from sleuth.train.forward import batched_logprobs, length_buckets, padding_share
 from sleuth.train.logging import MetricsLogger
 from sleuth.train.sampler import CollapseWatch, QuestionSampler
 from sleuth.train.setup import (build_format, build_run_retriever, check_run_dir, init_distributed,
-                                load_eval_questions, load_questions_for, probe_retriever)
+                                load_eval_questions, load_questions_for, probe_retriever, warn_changed_settings)
 from sleuth.train.update import UpdateBatch, compute_advantages, policy_update
 
 
@@ -160,6 +160,7 @@ class Trainer:
         self.step = 0
         self.last_eval: tuple[dict, list[dict]] | None = None
         if resume:
+            warn_changed_settings(self.out / "config.yaml", cfg)
             self._resume()
         if self.ctx.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
@@ -175,8 +176,6 @@ class Trainer:
         """The vLLM rollout engine (``rollout.backend: vllm``), holding the policy's current weights."""
         from sleuth.rollout.vllm_backend import VLLMBackend
 
-        if self.cfg.rollout.backend != "vllm":
-            raise ValueError(f"rollout.backend must be hf or vllm, got {self.cfg.rollout.backend!r}")
         return VLLMBackend.from_trainer(self.policy, self.tokenizer, self.out / "vllm_engine", self.cfg.rollout,
                                         dtype=self.cfg.model.dtype, seed=self.cfg.train.seed,
                                         world_size=self.ctx.world_size)

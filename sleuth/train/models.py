@@ -92,22 +92,13 @@ def resolve_model(name_or_path: str, gguf_file: str | None = None) -> ModelSourc
 
 
 def pick_device(device: str = "auto") -> torch.device:
-    """``auto`` (cuda when available, else cpu), or a torch device that exists here; anything else
-    is a ValueError naming the value (``--device`` / ``model.device``) and what is valid."""
+    """``auto`` (cuda when available, else cpu), or a device this machine has; anything else is a
+    ValueError naming the value and what is valid (:func:`sleuth.device.check_device`)."""
+    from sleuth.device import check_device
+
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise ValueError(f"device {device!r} (--device / model.device) is not a device; "
-                         "use auto, cpu, cuda or cuda:N") from None
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            why = "this torch is a CPU build" if torch.version.cuda is None else "no CUDA GPU is visible"
-            raise ValueError(f"device {device!r} (--device / model.device): {why}; use cpu or auto")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ValueError(f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s) here")
-    return dev
+    return torch.device(check_device(device, flag="--device / model.device"))
 
 
 def load_tokenizer(source: ModelSource):

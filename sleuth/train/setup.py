@@ -129,6 +129,30 @@ def check_run_dir(out: Path, *, resume: bool, overwrite: bool) -> None:
         p.unlink(missing_ok=True)
 
 
+def warn_changed_settings(saved: Path, cfg: Config) -> list[str]:
+    """On ``--resume``: the settings that differ from the run's saved ``config.yaml``, printed (the
+    run goes on with the new ones: changing, say, ``train.total_steps`` to extend a run is normal)."""
+    import sys
+
+    import yaml
+
+    from sleuth.config import to_dict
+
+    if not saved.is_file():
+        return []
+    try:
+        before = yaml.safe_load(saved.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError):
+        return []
+    now = to_dict(cfg)
+    changed = [f"{section}.{key}: {old!r} -> {now[section][key]!r}"
+               for section, values in before.items() if isinstance(values, dict) and section in now
+               for key, old in values.items() if key in now[section] and now[section][key] != old]  # fmt: skip
+    if changed:
+        print(f"resuming {saved.parent} with changed settings: " + "; ".join(changed), file=sys.stderr)
+    return changed
+
+
 def probe_retriever(retriever, cfg: Config) -> None:
     """One test search before the run, so a retriever that is down or a mistyped URL stops the run
     at once instead of becoming a run of failed searches (counted in ``rollout/retrieval_errors``)."""

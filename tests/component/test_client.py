@@ -127,9 +127,10 @@ def test_wrong_token_is_not_retried():
     with ServerThread(make_app(InMemoryRetriever(TOY), token="t0k")) as st:
         with RemoteRetriever(st.url, token="t0k") as good:
             assert good.search(["Rome"], 1)[0][0].id == "p2"
-        with RemoteRetriever(st.url, token="nope") as bad, pytest.raises(RetrievalError, match="HTTP 401"):
+        with RemoteRetriever(st.url, token="nope") as bad, pytest.raises(RetrievalError, match="HTTP 401") as e:
             bad.search(["Rome"], 1)
         assert bad.stats.requests == 1
+        assert "$SLEUTH_RETRIEVAL_TOKEN" in str(e.value)  # says how to send the token
 
 
 def test_server_down_is_a_retrieval_error_naming_the_url():
@@ -160,12 +161,18 @@ def test_timeout_is_a_retrieval_error():
         ({"result": [[], []]}, "2 lists for 1 queries"),
         ({"result": [[{"document": {"id": "x"}}]]}, "without 'contents'"),
         ({"result": ["oops"]}, "not a list"),
+        ({"result": [[{"id": "1", "contents": 5}]]}, r"result\[0\]\[0\]: 'contents' must be a string, got int 5"),
+        ({"result": [[{"document": {"id": "1", "title": ["T"], "text": "x"}}]]}, "'title' must be a string"),
+        ({"result": [[{"document": {"id": "1", "contents": "x"}, "score": "high"}]]},
+         "'score' must be a number, got 'high'"),
+        ({"result": [[{"document": {"id": "1", "contents": "x"}, "score": True}]]}, "'score' must be a number"),
     ],
 )
 def test_malformed_answers_are_retrieval_errors(body, words):
     st, stub, r = stub_client([(200, body, 0)])
-    with st, r, pytest.raises(RetrievalError, match=words):
+    with st, r, pytest.raises(RetrievalError, match=words) as e:
         r.search(["q"], 1)
+    assert str(e.value).startswith(r.url)
 
 
 def test_parse_bare_documents_and_string_scores():
@@ -175,6 +182,8 @@ def test_parse_bare_documents_and_string_scores():
     assert (got[0][0].title, got[0][0].text, got[0][0].score) == ("Title", "Body text", None)
     odd = {"result": [[{"document": {"id": 3, "title": "T", "text": "x"}, "score": "1.5"}]]}
     assert parse_result(odd, 1, "u") == [[Passage("3", "T", "x", 1.5)]]
+    unscored = {"result": [[{"document": {"id": 4, "title": None, "text": "y"}, "score": None}]]}
+    assert parse_result(unscored, 1, "u") == [[Passage("4", "", "y", None)]]
 
 
 def test_retrieve_url_and_bad_arguments(toy_server):

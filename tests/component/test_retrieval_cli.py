@@ -83,3 +83,94 @@ def test_search_url_server_down_is_a_clear_error(run):
     assert rc == 2 and "127.0.0.1:9" in err and "failed" in err
     with pytest.raises(SystemExit):  # --index and --url together: argparse refuses
         run("search", "--url", "http://x", "--index", "d", "q")
+
+
+def test_build_out_that_is_a_file_is_a_clear_error(run, corpus, tmp_path):
+    taken = tmp_path / "taken.jsonl"
+    taken.write_text("{}\n")
+    rc, _, err = run("index", "build", "--corpus", corpus, "--kind", "bm25", "--out", taken)
+    assert rc == 2 and "--out" in err and "taken.jsonl is a file, not a directory" in err
+    assert taken.read_text() == "{}\n"  # untouched
+
+
+def test_rerank_top_n_below_one_names_the_flag(run, corpus, tmp_path):
+    run("index", "build", "--corpus", corpus, "--kind", "bm25", "--out", tmp_path / "idx")
+    rc, _, err = run("search", "--index", tmp_path / "idx", "q", "--rerank", "any", "--rerank-top-n", "0")
+    assert rc == 2 and "--rerank-top-n must be >= 1, got 0" in err
+
+
+@pytest.mark.parametrize("damage, words", [
+    (lambda d: (d / "corpus" / "passages.arrow").write_bytes(b"garbage!"), "corpus/passages.arrow"),
+    (lambda d: (d / "corpus" / "id_hash.npy").write_bytes(b"garbage!"), "id_hash.npy is not a valid .npy"),
+    (lambda d: (d / "bm25" / "data.csc.index.npy").write_bytes(b"garbage!"), "not a valid array"),
+    (lambda d: (d / "bm25" / "vocab.index.json").unlink(), "vocab.index.json is missing"),
+    (lambda d: (d / "bm25" / "sleuth_bm25.json").unlink(), "sleuth_bm25.json is missing"),
+])
+def test_damaged_index_says_which_and_how_to_rebuild(run, corpus, tmp_path, damage, words):
+    idx = tmp_path / "idx"
+    assert run("index", "build", "--corpus", corpus, "--kind", "bm25", "--out", idx)[0] == 0
+    damage(idx)
+    rc, _, err = run("search", "--index", idx, "capital")
+    assert rc == 2 and words in err
+    assert f"index {idx} is damaged or incomplete" in err
+    assert f"sleuth index build --corpus {corpus} --kind bm25 --out {idx} --overwrite" in err
+    assert "allow_pickle" not in err and "Errno" not in err
+    assert run("index", "build", "--corpus", corpus, "--kind", "bm25", "--out", idx, "--overwrite")[0] == 0
+    assert run("search", "--index", idx, "capital")[0] == 0  # the advice works
+
+
+def test_bad_device_is_refused_before_any_work(run, corpus, tmp_path):
+    rc, _, err = run("index", "build", "--corpus", corpus, "--kind", "dense", "--out", tmp_path / "d",
+                     "--device", "banana")
+    assert rc == 2 and "--device 'banana' is not a device" in err and "cpu, cuda, cuda:N" in err
+    assert not (tmp_path / "d" / "corpus").exists()  # refused before the ingest
+    (tmp_path / "dense").mkdir()  # only the meta is read before the device is checked
+    (tmp_path / "dense" / "meta.json").write_text(json.dumps({"kind": "dense"}))
+    rc, _, err = run("search", "--index", tmp_path / "dense", "q", "--device", "cuda:x")
+    assert rc == 2 and "--device 'cuda:x' is not a device" in err
+
+
+class _Stub:
+    """A /retrieve endpoint answering one fixed body."""
+
+    def __init__(self, body):
+        from fastapi import FastAPI
+
+        self.app = FastAPI()
+
+        @self.app.post("/retrieve")
+        def retrieve() -> dict:
+            return body
+
+
+def test_search_url_prints_passages_without_scores(run):
+    pytest.importorskip("fastapi")
+    from sleuth.retrieval.serve_cli import ServerThread
+
+    bare = {"result": [[{"id": "1", "contents": '"T"\nbody text'}]]}  # Search-R1 without return_scores
+    with ServerThread(_Stub(bare).app) as st:
+        rc, out, _ = run("search", "--url", st.url + "/retrieve", "hello", "--json")
+    assert rc == 0 and "1. [1] T\n     body text" in out and "score" not in out.splitlines()[1]
+    assert json.loads(out.strip().splitlines()[-1])["results"][0]["passages"][0]["score"] is None
+    with ServerThread(_Stub({"result": [[{"document": {"id": "1", "contents": "x"}, "score": "high"}]]}).app) as st:
+        rc, _, err = run("search", "--url", st.url, "hello")
+    assert rc == 2 and f"{st.url}/retrieve" in err and "'score' must be a number, got 'high'" in err
+
+
+def test_search_url_sends_the_token(run, monkeypatch):
+    pytest.importorskip("fastapi")
+    from sleuth.retrieval.memory import InMemoryRetriever
+    from sleuth.retrieval.serve_cli import ServerThread
+    from sleuth.retrieval.server import make_app
+    from sleuth.types import Passage
+
+    monkeypatch.delenv("SLEUTH_RETRIEVAL_TOKEN", raising=False)
+    app = make_app(InMemoryRetriever([Passage("p0", "Paris", "Paris is the capital of France.")]), token="T0k")
+    with ServerThread(app) as st:
+        rc, _, err = run("search", "--url", st.url, "Paris")
+        assert rc == 2 and "HTTP 401" in err and "$SLEUTH_RETRIEVAL_TOKEN" in err
+        rc, out, _ = run("search", "--url", st.url, "Paris", "--token", "T0k")
+        assert rc == 0 and "[p0] Paris (score" in out
+        monkeypatch.setenv("SLEUTH_RETRIEVAL_TOKEN", "T0k")
+        rc, out, _ = run("search", "--url", st.url, "Paris")
+        assert rc == 0 and "[p0] Paris" in out

@@ -147,3 +147,35 @@ def test_pq_on_too_few_passages_is_a_clear_error(stub_encoder, tmp_path, capsys)
                           "--encoder", "stub", "--out", str(tmp_path / "idx")])
     err = capsys.readouterr().err
     assert rc != 0 and "'PQ192' cannot be trained on 40 passages" in err
+
+
+@pytest.mark.parametrize("factory, params, words", [
+    ("IVF4,Flat", "nprobe=abc", "could not interpret parameters nprobe=abc"),
+    ("Flat", "nprobe=8", "could not set parameter nprobe"),
+])
+def test_bad_faiss_search_params_fail_before_encoding(stub_encoder, monkeypatch, tmp_path, capsys,
+                                                       factory, params, words):
+    small = tmp_path / "small.jsonl"
+    small.write_text("".join(json.dumps({"id": f"s{i}", "text": f"topic 1 x {i}"}) + "\n" for i in range(40)))
+    encoded = []
+    monkeypatch.setattr(dense_mod, "encode_corpus", lambda *a, **kw: encoded.append(1))
+    rc = sleuth.cli.main(["index", "build", "--corpus", str(small), "--kind", "dense", "--faiss", factory,
+                          "--faiss-search-params", params, "--encoder", "stub", "--out", str(tmp_path / "idx")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "sleuth: error: --faiss-search-params" in err and f"'{params}'" in err
+    assert words in err and "nprobe=32 for IVF" in err and "Traceback" not in err
+    assert encoded == []  # refused before the corpus was encoded
+
+
+def test_damaged_dense_index_says_how_to_rebuild(stub_encoder, tmp_path, capsys):
+    small = tmp_path / "small.jsonl"
+    small.write_text("".join(json.dumps({"id": f"s{i}", "text": f"topic 1 x {i}"}) + "\n" for i in range(40)))
+    idx = tmp_path / "idx"
+    build_cli(small, idx, "Flat", capsys)
+    (idx / "dense" / "faiss.index").write_bytes(b"garbage!")
+    with pytest.raises(ValueError, match=r"damaged or incomplete: cannot read .*faiss\.index") as e:
+        load_index(idx)
+    assert f"--kind dense --out {idx} --overwrite" in str(e.value) and "/project/faiss" not in str(e.value)
+    (idx / "dense" / "faiss.index").unlink()
+    with pytest.raises(ValueError, match=r"faiss\.index is missing\). Rebuild it"):
+        load_index(idx)

@@ -205,7 +205,8 @@ def test_missing_vllm_is_a_clear_user_error(world, tmp_path, monkeypatch, capsys
         Trainer(make_config(world), tmp_path / "a", progress=False)
     sets = ["model.name_or_path=" + str(world / "model"), "model.device=cpu", "rollout.backend=vllm",
             "data.train_files=[" + str(world / "train.jsonl") + "]", "retrieval.kind=memory",
-            "retrieval.corpus=" + str(world / "corpus.jsonl"), "rollout.format=search_r1_tiny"]
+            "retrieval.corpus=" + str(world / "corpus.jsonl"), "rollout.format=search_r1_tiny",
+            "train.questions_per_step=2"]  # the world file holds 4 questions
     assert main(["train", "--out", str(tmp_path / "b")] + [x for s in sets for x in ("--set", s)]) == 2
     assert "needs vllm" in capsys.readouterr().err
 
@@ -218,7 +219,7 @@ def test_no_cuda_and_unknown_backend_errors(world, tmp_path, monkeypatch):
     monkeypatch.setattr(vllm_backend, "cuda_available", lambda: False)
     with pytest.raises(UserError, match="needs a CUDA GPU"):
         Trainer(make_config(world), tmp_path / "a", progress=False)
-    with pytest.raises(ValueError, match="rollout.backend must be hf or vllm, got 'sglang'"):
+    with pytest.raises(ValueError, match=r"rollout.backend: 'sglang' is not one of \['hf', 'vllm'\]"):
         Trainer(make_config(world, rollout__backend="sglang"), tmp_path / "b", progress=False)
 
 

@@ -215,3 +215,11 @@ def test_eval_out_that_is_a_file_is_refused_before_any_work(tmp_path, capsys):
     assert main(["eval", "--model", "tiny", "--data", str(qa), "--corpus", str(corpus), "--out", str(taken)]) == 2
     assert f"--out {taken} is a file, not a directory" in capsys.readouterr().err
     assert taken.read_text() == "a file"
+
+
+def test_budget_warnings_when_the_budget_decided_the_questions():
+    from sleuth.eval.cli import budget_warnings
+
+    assert budget_warnings({"stop_reasons": {"answered": 0.9, "context_full": 0.1}}) == []
+    (warning,) = budget_warnings({"stop_reasons": {"answered": 0.5, "context_full": 0.5}})
+    assert warning.startswith("50% of trajectories stopped at context_full; --max-context-tokens")

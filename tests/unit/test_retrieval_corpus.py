@@ -31,6 +31,7 @@ def test_parse_row_both_schemas():
     ('{"contents": "x\\ny"}', "missing or empty 'id'"),
     ('{"id": "", "text": "y"}', "missing or empty 'id'"),
     ('{"id": "a", "body": "y"}', "'contents' field or a string 'text'"),
+    ('{"id": "a", "text": "y', r"\(Unterminated string starting at column 21\)"),  # not "at at"
 ])
 def test_parse_row_errors_name_the_line(line, fragment):
     with pytest.raises(CorpusError, match=fragment) as e:
@@ -72,8 +73,9 @@ def test_lookup_by_id_many_rows(tmp_path):
 
 def test_bad_row_is_an_error_naming_file_and_line(tmp_path):
     src = write_jsonl(tmp_path / "c.jsonl", [{"id": "a", "text": "x"}, "{oops", {"id": "b", "text": "y"}])
-    with pytest.raises(CorpusError, match=r"c\.jsonl:2: not valid JSON.*skip_bad"):
+    with pytest.raises(CorpusError, match=r"c\.jsonl:2: not valid JSON") as e:
         ingest_jsonl(src, tmp_path / "s", show_progress=False)
+    assert "--skip-bad for sleuth index build, skip_bad=True in Python" in str(e.value)
     assert not (tmp_path / "s" / "passages.arrow").exists()  # no half-written store left
 
 
@@ -106,3 +108,35 @@ def test_invalid_utf8_names_line(tmp_path):
     src.write_bytes(b'{"id": "a", "text": "x"}\n{"id": "b", "text": "\xff"}\n')
     with pytest.raises(CorpusError, match=r"c\.jsonl:2: not valid UTF-8"):
         ingest_jsonl(src, tmp_path / "s", show_progress=False)
+
+
+def test_skip_bad_with_only_bad_lines_says_how_many(tmp_path):
+    src = write_jsonl(tmp_path / "c.jsonl", ["{oops", "", {"id": "b"}, "[1]"])
+    with pytest.raises(CorpusError, match=r"all 3 non-blank lines were skipped as bad, e\.g\. .*c\.jsonl:1"):
+        ingest_jsonl(src, tmp_path / "s", skip_bad=True, show_progress=False)
+
+
+def test_directory_and_binary_files_are_not_corpora(tmp_path):
+    with pytest.raises(CorpusError, match=r"corpus .* is a directory; give the path of a corpus file in JSON Lines"):
+        ingest_jsonl(tmp_path, tmp_path / "s", show_progress=False)
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    pq.write_table(pa.table({"id": ["1"], "contents": ["x"]}), tmp_path / "c.parquet")
+    with pytest.raises(CorpusError, match=r"c\.parquet is a Parquet file, but a corpus must be JSON Lines \(one \{\"id\""):
+        ingest_jsonl(tmp_path / "c.parquet", tmp_path / "s", skip_bad=True, show_progress=False)
+    (tmp_path / "b.jsonl").write_bytes(b'{"id": "a"\x00\x01}\n')
+    with pytest.raises(CorpusError, match=r"b\.jsonl is a binary file"):
+        ingest_jsonl(tmp_path / "b.jsonl", tmp_path / "s", show_progress=False)
+
+
+def test_damaged_store_is_an_index_file_error(tmp_path):
+    from sleuth.retrieval.base import IndexFileError
+
+    ingest_jsonl(write_jsonl(tmp_path / "c.jsonl", [{"id": "a", "text": "x"}]), tmp_path / "s", show_progress=False)
+    (tmp_path / "s" / "id_rows.npy").write_bytes(b"12345678")
+    with pytest.raises(IndexFileError, match=r"id_rows\.npy is not a valid \.npy array"):
+        CorpusStore(tmp_path / "s")
+    (tmp_path / "s" / "passages.arrow").write_bytes(b"12345678")
+    with pytest.raises(IndexFileError, match=r"cannot read .*passages\.arrow \(ArrowInvalid: File is too small"):
+        CorpusStore(tmp_path / "s")

@@ -17,13 +17,13 @@ pytestmark = pytest.mark.unit
 
 def test_pick_device_names_a_bad_value():
     assert pick_device("cpu") == torch.device("cpu")
-    with pytest.raises(ValueError, match=r"device 'banana' \(--device / model.device\) is not a device"):
+    with pytest.raises(ValueError, match=r"--device / model.device 'banana' is not a device; use cpu, cuda"):
         pick_device("banana")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
 def test_pick_device_cuda_without_a_gpu():
-    with pytest.raises(ValueError, match=r"device 'cuda:1'.*use cpu or auto"):
+    with pytest.raises(ValueError, match=r"--device / model.device cuda:1: CUDA is not available here"):
         pick_device("cuda:1")
 
 
@@ -88,3 +88,16 @@ def test_train_refusals_through_the_command(tmp_path, capsys):
     assert main(args + ["--out", str(tmp_path / "old"), "--overwrite"]) == 0  # replaced by a fresh one-step run
     rows = (tmp_path / "old" / "metrics.jsonl").read_text().splitlines()
     assert len(rows) == 1 and '"step": 1' in rows[0]
+
+
+def test_resume_names_the_settings_that_changed(tmp_path, capsys):
+    from sleuth.config import load_config, save_config
+    from sleuth.train.setup import warn_changed_settings
+
+    save_config(load_config(None, ["rollout.group_size=5"]), tmp_path / "config.yaml")
+    now = load_config(None, ["rollout.group_size=8", "train.total_steps=200"])
+    changed = warn_changed_settings(tmp_path / "config.yaml", now)
+    assert changed == ["rollout.group_size: 5 -> 8", "train.total_steps: 100 -> 200"]
+    assert "with changed settings: rollout.group_size: 5 -> 8" in capsys.readouterr().err
+    assert warn_changed_settings(tmp_path / "config.yaml", load_config(None, ["rollout.group_size=5"])) == []
+    assert warn_changed_settings(tmp_path / "missing.yaml", now) == []
