@@ -285,13 +285,19 @@ def _eval(args) -> int:
 
 
 def budget_warnings(summary: dict, share: float = 0.25) -> list[str]:
-    """Stop reasons that say the budget, not the model, decided many questions."""
+    """What the figures alone would hide: stop reasons that say the budget, not the model, decided
+    many questions; searches that failed; judge calls that failed (all also in report.md)."""
     out = []
     for reason, flag in (("context_full", "--max-context-tokens"), ("max_tokens", "--max-tokens-per-turn")):
         got = summary.get("stop_reasons", {}).get(reason, 0.0)
         if got >= share:
             out.append(f"{got:.0%} of trajectories stopped at {reason}; {flag} may be too small for this model "
                        "and prompt")
+    if summary.get("retrieval_errors"):
+        out.append(f"{summary['retrieval_errors']} searches failed (the model saw an error message instead of "
+                   "passages); check the retriever")
+    if summary.get("judge_failures"):
+        out.append(f"{summary['judge_failures']} LLM-judge calls failed; check --judge-url and --judge-model")
     return out
 
 

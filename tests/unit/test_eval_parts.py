@@ -223,3 +223,10 @@ def test_budget_warnings_when_the_budget_decided_the_questions():
     assert budget_warnings({"stop_reasons": {"answered": 0.9, "context_full": 0.1}}) == []
     (warning,) = budget_warnings({"stop_reasons": {"answered": 0.5, "context_full": 0.5}})
     assert warning.startswith("50% of trajectories stopped at context_full; --max-context-tokens")
+
+
+def test_failed_searches_and_judge_calls_are_warned():
+    from sleuth.eval.cli import budget_warnings
+
+    warnings = budget_warnings({"stop_reasons": {}, "retrieval_errors": 3, "judge_failures": 2})
+    assert [w.split(" ", 2)[:2] for w in warnings] == [["3", "searches"], ["2", "LLM-judge"]]
