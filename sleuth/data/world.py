@@ -197,10 +197,11 @@ def generate_world(seed: int = 0, n_entities: int = 600, test_fraction: float = 
     Shares: 40% people, 25% companies, 15% inventions, 20% cities, plus ``n_countries`` countries.
     ``test_fraction`` of people (with their companies and inventions) and of cities are test.
     """
+    what = "n_entities (--world-entities, data.world_entities)"
     if n_entities < 20:
-        raise ValueError(f"n_entities must be >= 20 for a usable world, got {n_entities}")
+        raise ValueError(f"{what} must be >= 20 for a usable world, got {n_entities}")
     if n_entities > MAX_ENTITIES:
-        raise ValueError(f"n_entities must be <= {MAX_ENTITIES} (the size of the name inventory), got {n_entities}")
+        raise ValueError(f"{what} must be <= {MAX_ENTITIES} (the size of the name inventory), got {n_entities}")
     if not 1 <= n_countries <= INVENTORY_SIZES["country"]:
         raise ValueError(f"n_countries must be in [1, {INVENTORY_SIZES['country']}], got {n_countries}")
     if not 0.0 < test_fraction < 1.0:

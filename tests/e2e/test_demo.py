@@ -35,6 +35,8 @@ def test_demo_cli_runs_end_to_end_and_reports(tmp_path, capsys):
     capsys.readouterr()
     assert main(["demo", "--out", str(tmp_path / "bad"), "--set", "train.no_such_key=1"]) == 2
     assert "no_such_key" in capsys.readouterr().err  # a bad override is refused, naming the key
+    assert main(["demo", "--out", str(tmp_path / "none"), "--eval-limit", "0"]) == 2
+    assert "--eval-limit must be >= 1, got 0" in capsys.readouterr().err  # was taken as "no limit"
     assert main(["demo", "--out", str(tmp_path / "big"), "--world-entities", "5000"]) == 2
     assert "name inventory" in capsys.readouterr().err  # a world too big for the name inventory
     assert not (tmp_path / "big").exists()  # refused before any work
