@@ -7,9 +7,9 @@ Ingest reads a JSON Lines corpus in one streaming pass. Two row schemas are acce
 * FlashRAG-style: ``{"id": ..., "title": ..., "text": ...}`` (``title`` may be missing).
 
 Bad rows (invalid JSON, not an object, no id, no text) are **errors** naming the file and line by
-default; with ``skip_bad=True`` (``--skip-bad`` for ``sleuth index build``) they are skipped, counted, and the count plus the first few
-reasons are returned in :class:`IngestStats` (and stored in the index's ``meta.json``). Blank
-lines are ignored. Duplicate ids are always an error naming both lines.
+default; with ``skip_bad=True`` (``--skip-bad`` for ``sleuth index build``) they are skipped,
+counted, and the count plus the first few reasons are returned in :class:`IngestStats` (and stored
+in the index's ``meta.json``). Blank lines are ignored. Duplicate ids are always an error naming both lines.
 
 On disk (``<dir>/``): ``passages.arrow`` (columns id, title, text) and ``id_hash.npy`` /
 ``id_rows.npy`` (64-bit id hashes sorted, and the row of each). Reading memory-maps all three, so

@@ -52,10 +52,10 @@ def build_index(
     passage openings). ``skip_bad`` skips and counts malformed corpus lines instead of failing.
     """
     from sleuth import __version__
+    from sleuth.device import check_device
     from sleuth.retrieval.bm25 import build_bm25
     from sleuth.retrieval.corpus import CorpusStore, ingest_jsonl
     from sleuth.retrieval.dense import build_dense
-    from sleuth.device import check_device
 
     if kind not in KINDS:
         raise ValueError(f"index kind must be one of {KINDS}, got {kind!r}")
@@ -120,9 +120,9 @@ def load_index(index_dir: str | Path, *, kind: str | None = None, device: str | 
     ``kind`` may pick one side of a hybrid index (``bm25`` or ``dense``); by default the kind it
     was built as. ``device`` is the encoder's torch device (default: sentence-transformers' choice).
     """
+    from sleuth.device import check_device
     from sleuth.retrieval.base import IndexFileError
     from sleuth.retrieval.corpus import CorpusError
-    from sleuth.device import check_device
 
     index_dir = Path(index_dir)
     meta = read_meta(index_dir)
@@ -131,7 +131,7 @@ def load_index(index_dir: str | Path, *, kind: str | None = None, device: str | 
     if kind not in KINDS or (built != "hybrid" and kind != built):
         raise ValueError(f"index {index_dir} was built as {built!r}; cannot open it as {kind!r}")
     if kind != "bm25":
-        check_device(device)
+        check_device(device)  # before the corpus store and the index files are read
     try:
         sparse, dense = _open_parts(index_dir, kind, device)
     except (IndexFileError, CorpusError) as e:
