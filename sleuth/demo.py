@@ -136,15 +136,32 @@ def run_demo(out: Path, *, steps: int = DEMO_STEPS, seed: int = 0, world_seed: i
     return result
 
 
+def sleuth_command() -> str:
+    """How this shell reaches the ``sleuth`` being run: ``sleuth`` when that one is on PATH, else its
+    path (``.venv/bin/sleuth`` after ``make demo``), else ``python -m sleuth``."""
+    import os
+    import shutil
+    import sys
+
+    here = Path(sys.executable).parent / "sleuth"
+    found = shutil.which("sleuth")
+    if found and here.exists() and Path(found).resolve() == here.resolve():
+        return "sleuth"
+    if here.exists():
+        rel = os.path.relpath(here)
+        return rel if not rel.startswith("..") else str(here)
+    return f"{sys.executable} -m sleuth"
+
+
 def try_commands(out: Path, question: str) -> list[str]:
     """Shell commands that use the demo's trained model afterwards: ``ask`` one question, ``eval``
     the test split (the run directory carries its protocol and budget, so the figures match)."""
     import shlex
 
     run, world = shlex.quote(str(out / "with_search")), out / "world"
-    corpus = shlex.quote(str(world / "corpus.jsonl"))
-    return [f"sleuth ask {shlex.quote(question)} --model {run} --corpus {corpus}",
-            f"sleuth eval --model {run} --data {shlex.quote(str(world / 'test.jsonl'))} --corpus {corpus} "
+    corpus, cmd = shlex.quote(str(world / "corpus.jsonl")), sleuth_command()
+    return [f"{cmd} ask {shlex.quote(question)} --model {run} --corpus {corpus}",
+            f"{cmd} eval --model {run} --data {shlex.quote(str(world / 'test.jsonl'))} --corpus {corpus} "
             f"--out {shlex.quote(str(out / 'eval'))}"]
 
 

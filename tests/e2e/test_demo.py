@@ -125,3 +125,25 @@ def test_demo_with_smollm2(tmp_path):
     assert (out / "report.md").is_file() and "smollm2" in (out / "report.md").read_text()
     rows = [json.loads(line) for line in (out / "with_search" / "samples.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and all(r["segments"][0]["kind"] == "sampled" for r in rows)
+
+
+def test_the_try_it_commands_call_the_sleuth_being_run(tmp_path, monkeypatch):
+    """After `make demo` the venv's `sleuth` is not on PATH: the printed commands must work as typed."""
+    import shutil
+    import sys
+
+    from sleuth.demo import sleuth_command
+
+    venv_bin = tmp_path / "venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "sleuth").write_text("#!/bin/sh\n")
+    monkeypatch.setattr(sys, "executable", str(venv_bin / "python"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(shutil, "which", lambda name: None)  # not on PATH
+    assert sleuth_command() == "venv/bin/sleuth"
+    monkeypatch.setattr(shutil, "which", lambda name: str(venv_bin / "sleuth"))  # this one is on PATH
+    assert sleuth_command() == "sleuth"
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/sleuth")  # another install is on PATH
+    assert sleuth_command() == "venv/bin/sleuth"
+    (venv_bin / "sleuth").unlink()  # run as python -m sleuth from a bare interpreter
+    assert sleuth_command() == f"{venv_bin / 'python'} -m sleuth"
