@@ -210,21 +210,33 @@ class ConfigError(ValueError):
 
 # The values each string setting takes, and the least value of each number (None = "off"/"all",
 # never checked). ``validate`` checks them once, when a config is built from YAML or --set, so a
-# wrong value fails before any model is loaded, naming the key, not deep inside a run.
-CHOICES = {
-    "model.dtype": ("float32", "bfloat16", "float16"),
+# wrong value fails before any model is loaded, naming the key, not deep inside a run. Where a
+# component keeps a registry of its names, the choices are read from it (``_choices``).
+FIXED_CHOICES = {
     "retrieval.kind": ("bm25", "dense", "hybrid", "url", "memory"),
-    "rollout.format": ("search_r1", "r1_searcher", "tool_call", "search_r1_tiny"),
     "rollout.backend": ("hf", "vllm"),
-    "reward.kind": ("em", "f1", "cover_em", "search_r1_v03", "r1_searcher_stage1", "r1_searcher_stage2"),
-    "algo.advantage": ("grpo", "drgrpo", "rloo", "reinforce_pp", "gae"),
-    "algo.kl_estimator": ("k1", "k2", "k3"),
     "algo.kl_mode": ("loss", "reward", "none"),
-    "algo.loss_agg": ("token_mean", "seq_mean_token_mean", "seq_sum_norm"),
     "train.schedule": ("constant", "cosine"),
     "train.parallel": ("ddp", "fsdp"),
     "train.on_collapse": ("warn", "stop", "rollback"),
 }
+
+
+def _choices() -> dict[str, tuple]:
+    """FIXED_CHOICES plus the names the components register (imported here, when a config is checked)."""
+    from sleuth.algo.aggregate import LOSS_AGGREGATIONS
+    from sleuth.algo.kl import KL_ESTIMATORS
+    from sleuth.reward import REWARD_KINDS
+    from sleuth.rollout.formats import FORMATS
+    from sleuth.train.models import DTYPES
+    from sleuth.train.update import ADVANTAGES
+
+    return {**FIXED_CHOICES, "model.dtype": tuple(DTYPES), "reward.kind": tuple(REWARD_KINDS),
+            "rollout.format": (*FORMATS, *(() if "search_r1_tiny" in FORMATS else ("search_r1_tiny",))),
+            "algo.advantage": tuple(ADVANTAGES), "algo.kl_estimator": tuple(KL_ESTIMATORS),
+            "algo.loss_agg": tuple(LOSS_AGGREGATIONS)}
+
+
 AT_LEAST = {
     "data.limit": 1, "retrieval.topk": 1, "retrieval.retries": 0, "retrieval.cache_size": 0,
     "rollout.group_size": 1, "rollout.max_turns": 0, "rollout.max_tokens_per_turn": 1, "rollout.max_obs_tokens": 1,
@@ -239,12 +251,12 @@ ABOVE = {"retrieval.timeout_s": 0, "rollout.top_p": 0, "algo.tis_cap": 0, "algo.
 
 
 def validate(cfg: Config) -> Config:
-    """Check every setting named in CHOICES / AT_LEAST / ABOVE; raise ConfigError naming the first bad one."""
+    """Check every setting named in the choices / AT_LEAST / ABOVE; raise ConfigError naming the first bad one."""
     def get(key: str):
         section, name = key.split(".")
         return getattr(getattr(cfg, section), name)
 
-    for key, choices in CHOICES.items():
+    for key, choices in _choices().items():
         if get(key) not in choices:
             raise ConfigError(f"{key}: {get(key)!r} is not one of {list(choices)}")
     for key, least in AT_LEAST.items():
