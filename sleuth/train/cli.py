@@ -11,16 +11,19 @@ def _run(args) -> int:
     from sleuth.config import load_config
     from sleuth.train.loop import Trainer
 
-    cfg = load_config(args.config, args.set)
-    trainer = Trainer(cfg, args.out, resume=args.resume, overwrite=args.overwrite, progress=not args.json)
-    last = trainer.run()
-    if args.json and trainer.ctx.is_main:
-        keep = {k: v for k, v in last.items() if k.startswith(("reward/", "eval/", "algo/loss", "rollout/searches"))}
-        print_json_line({"step": trainer.step, "out": str(args.out), **keep})
-    if trainer.ctx.enabled:
-        import torch.distributed as dist
+    from sleuth.train import distributed as par
 
-        dist.destroy_process_group()
+    cfg = load_config(args.config, args.set)
+    try:
+        trainer = Trainer(cfg, args.out, resume=args.resume, overwrite=args.overwrite, progress=not args.json)
+        last = trainer.run()
+        if args.json and trainer.ctx.is_main:
+            keep = {k: v for k, v in last.items()
+                    if k.startswith(("reward/", "eval/", "algo/loss", "rollout/searches"))}
+            print_json_line({"step": trainer.step, "out": str(args.out), **keep})
+        del trainer  # its (sharded) models go before the process group: see par.shutdown
+    finally:
+        par.shutdown()
     return 0
 
 

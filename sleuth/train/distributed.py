@@ -23,6 +23,7 @@ optimizer state is saved as a full, parameter-name-keyed dict and re-sharded on 
 from __future__ import annotations
 
 import contextlib
+import gc
 from collections.abc import Iterator
 
 import torch
@@ -211,6 +212,21 @@ def interleave(shards: list[list]) -> list:
             raise ValueError(f"shard {r} holds {len(s)} items; a {world}-way split of {n} gives it "
                              f"{len(range(r, n, world))}")
     return [shards[i % world][i // world] for i in range(n)]
+
+
+def shutdown() -> None:
+    """Leave the process group (every rank, once the work is done); a no-op when none was joined.
+
+    The caller drops its references to sharded models first. FSDP2 modules sit in reference
+    cycles that hold the last communication work objects; collected only at interpreter exit,
+    after the process group is gone, they abort the process (``terminate called without an active
+    exception``, SIGABRT) in about one run in five with gloo on torch 2.13, after the run itself
+    succeeded. Collecting them here, while the group is alive, avoids it.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    gc.collect()
+    dist.destroy_process_group()
 
 
 def all_gather_objects(obj, *, world_size: int) -> list:
