@@ -8,6 +8,8 @@ The same code path serves all of them: ``from_pretrained`` on a resolved directo
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.util
 import json
 from dataclasses import dataclass
@@ -128,7 +130,8 @@ def load_policy(name_or_path: str, *, dtype: str = "float32", device: str = "aut
     target = pick_device(device)  # a bad device fails before the (slow) load
     kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
     try:
-        model = AutoModelForCausalLM.from_pretrained(source.path, dtype=DTYPES[dtype], **kwargs)
+        with _quiet_gguf_bar() if source.gguf_file else contextlib.nullcontext():
+            model = AutoModelForCausalLM.from_pretrained(source.path, dtype=DTYPES[dtype], **kwargs)
     except OSError as e:
         raise _load_error(source, e) from e
     if source.gguf_file:
@@ -138,6 +141,29 @@ def load_policy(name_or_path: str, *, dtype: str = "float32", device: str = "aut
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer
+
+
+@contextlib.contextmanager
+def _quiet_gguf_bar():
+    """Inside, the GGUF loader's "Converting and de-quantizing GGUF tensors" bar is off when
+    transformers' progress bars are (``disable_progress_bar()``, as the demo does): that loader calls
+    tqdm directly, which the switch does not reach. Its module's ``tqdm`` is swapped for a disabled
+    one for the duration (nothing happens where the module is not there or has no ``tqdm``)."""
+    from transformers.utils import logging as hf_logging
+
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # transformers without GGUF support (no gguf package): nothing to quiet
+        gguf_utils = None
+    bar = getattr(gguf_utils, "tqdm", None)
+    if bar is None or hf_logging.is_progress_bar_enabled():
+        yield
+        return
+    gguf_utils.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = bar
 
 
 def _as_plain_weights(model, source) -> None:

@@ -50,3 +50,27 @@ def test_a_directory_without_weights_is_a_clear_load_error(tmp_path, capsys):
     assert main(["demo", "--out", str(tmp_path / "demo"), "--model", str(broken), "--steps", "1"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("sleuth: error: could not load model") and "Traceback" not in err
+
+
+def test_gguf_conversion_bar_follows_transformers_progress_switch():
+    """transformers' GGUF loader calls tqdm itself, so ``disable_progress_bar()`` (the demo's) did
+    not reach its "Converting and de-quantizing" bar; inside ``_quiet_gguf_bar`` it does."""
+    pytest.importorskip("transformers.modeling_gguf_pytorch_utils")
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    from transformers.utils import logging as hf_logging
+
+    from sleuth.train.models import _quiet_gguf_bar
+
+    original, was_on = gguf_utils.tqdm, hf_logging.is_progress_bar_enabled()
+    try:
+        hf_logging.enable_progress_bar()
+        with _quiet_gguf_bar():  # bars on: left alone
+            assert gguf_utils.tqdm is original
+        hf_logging.disable_progress_bar()
+        with _quiet_gguf_bar():
+            assert gguf_utils.tqdm(range(3), desc="x").disable is True
+        assert gguf_utils.tqdm is original  # restored
+        assert original(range(3), desc="y").disable is False
+    finally:
+        (hf_logging.enable_progress_bar if was_on else hf_logging.disable_progress_bar)()
+        gguf_utils.tqdm = original
