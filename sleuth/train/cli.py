@@ -9,9 +9,8 @@ from __future__ import annotations
 def _run(args) -> int:
     from sleuth.cli import print_json_line
     from sleuth.config import load_config
-    from sleuth.train.loop import Trainer
-
     from sleuth.train import distributed as par
+    from sleuth.train.loop import Trainer
 
     cfg = load_config(args.config, args.set)
     try:

@@ -220,7 +220,7 @@ def shutdown() -> None:
     The caller drops its references to sharded models first. FSDP2 modules sit in reference
     cycles that hold the last communication work objects; collected only at interpreter exit,
     after the process group is gone, they abort the process (``terminate called without an active
-    exception``, SIGABRT) in about one run in five with gloo on torch 2.13, after the run itself
+    exception``, SIGABRT) in 1 run of 10 to 1 of 5 with gloo on torch 2.13, after the run itself
     succeeded. Collecting them here, while the group is alive, avoids it.
     """
     if not (dist.is_available() and dist.is_initialized()):
