@@ -7,6 +7,7 @@ plus command-line overrides. Unknown keys and wrongly typed values are errors th
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -298,18 +299,43 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             return value
         raise ConfigError(f"{key}: expected true/false, got {value!r}")
     if tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
+        number = _number(value)
+        if isinstance(number, int):
+            return number
+        if isinstance(number, float) and number.is_integer():
+            return int(number)  # 1e3, 1000.0
         raise ConfigError(f"{key}: expected an integer, got {value!r}")
     if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        raise ConfigError(f"{key}: expected a number, got {value!r}")
+        number = _number(value)
+        if number is not None and math.isfinite(number):
+            return float(number)
+        raise ConfigError(f"{key}: expected a finite number (e.g. 1e-6, 0.001, 3), got {value!r}")
     if tp is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
         raise ConfigError(f"{key}: expected a string, got {value!r}")
     raise ConfigError(f"{key}: unsupported type {tp}")
+
+
+def _number(value: Any) -> int | float | None:
+    """``value`` as a number: ints and floats as they are, and numeric strings in the usual spellings
+    (``1e-6``, ``1E-6``, ``5e3``, ``1_000``, ``.5``, ``+2``), which YAML 1.1 (PyYAML) reads as strings
+    when the mantissa has no dot. None for anything else (booleans included)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return value
+    if not isinstance(value, str):
+        return None
+    text = value.strip()
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        return float(text)
+    except ValueError:
+        return None
 
 
 def _hints(cls: type) -> dict[str, Any]:

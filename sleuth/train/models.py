@@ -202,9 +202,19 @@ class ValueHead(torch.nn.Module):
         torch.nn.init.zeros_(self.head.bias)
 
     def forward(self, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor) -> torch.Tensor:
-        out = self.body(input_ids=input_ids_BT, attention_mask=attention_mask_BT, output_hidden_states=True)
-        hidden_BTH = out.hidden_states[-1]
-        return self.head(hidden_BTH).squeeze(-1)  # [B, T]
+        """``values_BT[:, t]``: the value of the state *before* token ``t`` (read at position ``t - 1``).
+
+        The same alignment as the logprobs (``sleuth.train.forward``): column ``t`` is the baseline of
+        action token ``t``, so it must not have seen that token (verl's ``dp_critic`` slices
+        ``values[:, -response_length - 1 : -1]`` for the same reason). Column 0 (a prompt token, never
+        an action) is 0. A value read at ``t`` itself has seen the action; once the critic fits, the
+        advantage ``r - V`` goes to zero and nothing is learned.
+        """
+        positions_BT = (attention_mask_BT.long().cumsum(-1) - 1).clamp(min=0)  # right padding: 0..len-1
+        out = self.body(input_ids=input_ids_BT, attention_mask=attention_mask_BT, position_ids=positions_BT,
+                        output_hidden_states=True)
+        after_BT = self.head(out.hidden_states[-1]).squeeze(-1).float()  # [B, T] value after token t
+        return torch.nn.functional.pad(after_BT[:, :-1], (1, 0))  # [B, T] value before token t
 
 
 def make_critic(policy_path: str, *, dtype: str = "float32", device: str = "auto", gguf_file: str | None = None):

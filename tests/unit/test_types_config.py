@@ -131,3 +131,26 @@ def test_config_file_that_is_a_directory_or_not_utf8(tmp_path):
     bad.write_bytes("train:\n  lr: 0.1  # caf\xe9\n".encode("latin-1"))
     with pytest.raises(ConfigError, match=r"latin1.yaml is not UTF-8 text \(byte 23\)"):
         load_config(bad)
+
+
+@pytest.mark.parametrize("spelling, value", [("1e-6", 1e-6), ("1E-6", 1e-6), ("1.0e-6", 1e-6), ("0.000001", 1e-6),
+                                             ("5e-7", 5e-7), (".5", 0.5), ("+2", 2.0), ("3", 3.0)])
+def test_numbers_in_the_usual_spellings_are_accepted(tmp_path, spelling, value):
+    """PyYAML reads ``1e-6`` (no dot in the mantissa) as a string; --set and YAML files must take it."""
+    assert apply_overrides(Config(), [f"train.lr={spelling}"]).train.lr == pytest.approx(value)
+    path = tmp_path / "c.yaml"
+    path.write_text(f"train:\n  lr: {spelling}\n  critic_lr: '{spelling}'\n")
+    cfg = load_config(path)
+    assert cfg.train.lr == pytest.approx(value) and isinstance(cfg.train.lr, float)
+    assert cfg.train.critic_lr == pytest.approx(value)
+
+
+def test_integer_spellings_and_numbers_that_are_not():
+    cfg = apply_overrides(Config(), ["train.total_steps=1e3", "train.questions_per_step=1_000", "data.limit=20"])
+    assert (cfg.train.total_steps, cfg.train.questions_per_step, cfg.data.limit) == (1000, 1000, 20)
+    assert isinstance(cfg.train.total_steps, int)
+    with pytest.raises(ConfigError, match="train.total_steps: expected an integer"):
+        apply_overrides(Config(), ["train.total_steps=2.5"])
+    for bad in ("fast", "nan", "inf", "true"):
+        with pytest.raises(ConfigError, match="train.lr: expected a finite number"):
+            apply_overrides(Config(), [f"train.lr={bad}"])

@@ -1,0 +1,84 @@
+"""The PPO critic's value of action token t is the value of the state *before* token t.
+
+verl (``dp_critic.py``: ``values[:, -response_length - 1 : -1]``) and Search-R1 read the critic one
+position earlier than the token whose baseline it is. A critic that has seen the action fits the
+reward itself, and the advantage ``r - V`` vanishes once it is trained.
+"""
+
+import pytest
+import torch
+
+from sleuth.algo.advantages import gae_advantages, token_rewards
+from sleuth.algo.losses import value_loss
+from sleuth.config import AlgoConfig
+from sleuth.train.models import ValueHead
+from sleuth.train.update import UpdateBatch, _critic_loss
+from tests.helpers.tiny import tiny_model, tiny_tokenizer
+
+pytestmark = pytest.mark.component
+
+
+def _critic(seed=0):
+    tok = tiny_tokenizer()
+    body = tiny_model(tok, seed=seed, hidden=32, layers=1)
+    critic = ValueHead(body, body.config.hidden_size)
+    torch.nn.init.normal_(critic.head.weight, std=0.5, generator=torch.Generator().manual_seed(seed))
+    return tok, critic
+
+
+def test_value_column_t_is_the_state_before_token_t():
+    tok, critic = _critic()
+    ids = torch.tensor([[5, 17, 23, 41, 9, 30]])
+    att = torch.ones_like(ids)
+    with torch.no_grad():
+        values = critic(ids, att)[0]
+        hidden = critic.body(input_ids=ids, attention_mask=att, output_hidden_states=True).hidden_states[-1]
+        after = critic.head(hidden).squeeze(-1)[0]  # the value read *at* each position
+    assert values[0] == 0  # no state precedes the first (prompt) token
+    for t in range(1, ids.shape[1]):
+        # the value of a prefix: a forward on ids[:, :t] alone, read at its last position
+        with torch.no_grad():
+            prefix = critic(ids[:, :t + 1], att[:, :t + 1])[0, t]
+        assert torch.allclose(values[t], after[t - 1], atol=1e-6)
+        assert torch.allclose(values[t], prefix, atol=1e-6)
+    # changing token t leaves column t alone (it has not seen it) and moves column t + 1
+    changed = ids.clone()
+    changed[0, 3] = 77
+    with torch.no_grad():
+        v2 = critic(changed, att)[0]
+    assert torch.allclose(v2[:4], values[:4], atol=1e-6)
+    assert not torch.allclose(v2[4], values[4], atol=1e-4)
+
+
+def test_one_step_bandit_keeps_its_advantage_after_the_critic_fits():
+    """Prompt [5, 17], one action token: 12 (reward 1, 6 rows) or 19 (reward 0, 4 rows). The
+    critic, trained by our own value loss through the update's critic path, must learn the prompt's
+    value (0.6), so the GAE advantages stay near +0.4 / -0.6 instead of collapsing to 0."""
+    torch.manual_seed(0)
+    _, critic = _critic(seed=3)
+    ids = torch.tensor([[5, 17, 12]] * 6 + [[5, 17, 19]] * 4)
+    att = torch.ones_like(ids)
+    mask = torch.zeros_like(ids)
+    mask[:, 2] = 1
+    scores = torch.tensor([1.0] * 6 + [0.0] * 4)
+    rewards = token_rewards(scores, mask)
+    algo = AlgoConfig(advantage="gae", value_clip=1e9, gamma=1.0, lam=1.0)
+    opt = torch.optim.AdamW(critic.parameters(), lr=3e-3)
+    for _ in range(300):
+        with torch.no_grad():
+            old = critic(ids, att)
+        _, returns = gae_advantages(rewards, old, mask)
+        batch = UpdateBatch(ids, att, mask, torch.zeros(ids.shape), torch.zeros(ids.shape), returns_BT=returns,
+                            old_values_BT=old)
+        opt.zero_grad()
+        _critic_loss(critic, batch, list(range(10)), algo, float(mask.sum()), None, {}).backward()
+        opt.step()
+    with torch.no_grad():
+        values = critic(ids, att)
+    adv, _ = gae_advantages(rewards, values, mask)
+    adv_B = adv[:, 2]
+    assert values[:, 2].sub(0.6).abs().max() < 0.05  # V(prompt) = P(rewarded action)
+    assert adv_B[:6].sub(0.4).abs().max() < 0.05 and adv_B[6:].add(0.6).abs().max() < 0.05
+    # the loss the critic was trained on is the squared error at the action column
+    loss, _ = value_loss(values, values, returns, mask, clip=1e9)
+    assert abs(float(loss) - 0.5 * 0.24) < 0.02  # 0.5 * Var(r) = 0.5 * 0.6 * 0.4
