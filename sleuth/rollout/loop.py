@@ -283,7 +283,7 @@ def rollout_metrics(trajs: list[Trajectory], stats: _Stats, total_s: float) -> d
         "rollout/time_generate_s": stats.generate_s,
         "rollout/time_retrieve_s": stats.retrieve_s,
         "rollout/time_total_s": total_s,
-        "rollout/sampled_tokens_per_s": sampled / stats.generate_s if stats.generate_s > 0 else 0.0,
+        "perf/sampled_tokens_per_s": sampled / stats.generate_s if stats.generate_s > 0 else 0.0,
     }
     for reason in StopReason:
         m[f"rollout/stop/{reason.value}"] = float(stops.get(reason.value, 0))

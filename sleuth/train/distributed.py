@@ -36,8 +36,8 @@ PARALLEL = ("ddp", "fsdp")
 SUMMED = {
     "rollout/trajectories", "rollout/queries", "rollout/distinct_queries", "rollout/retrieval_calls",
     "rollout/invalid", "rollout/retrieval_errors", "rollout/sampled_tokens", "rollout/injected_tokens",
-    "rollout/sampled_tokens_per_s", "perf/tokens_per_s",
-    "algo/loss",  # each rank's share is divided by the global token/row count: the shares add up
+    "perf/sampled_tokens_per_s", "perf/tokens_per_s",
+    "algo/loss", "algo/value_loss",  # each rank's share is divided by the global token/row count: they add up
 }
 
 

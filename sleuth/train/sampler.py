@@ -12,8 +12,11 @@ from sleuth.types import Question
 class QuestionSampler:
     """Epochs of (optionally shuffled) questions; ``state()``/``load_state()`` make resume exact.
 
-    The permutation of epoch ``e`` depends only on ``(seed, e)``, so the cursor ``(epoch, pos)``
-    is the whole state. Ids must be unique: GRPO groups are keyed by them.
+    The permutation of epoch ``e`` depends only on ``(seed, e)``. A draw that crosses into a new
+    epoch never repeats a question it already holds: the questions it drew from the end of the old
+    epoch are moved (in their order) to the end of the new epoch's permutation, so every epoch
+    still holds each question once and no step holds one twice (GRPO groups are keyed by question
+    id). The cursor ``(epoch, pos, deferred)`` is the whole state. Ids must be unique.
     """
 
     def __init__(self, questions: list[Question], *, seed: int = 0, shuffle: bool = True):
@@ -26,31 +29,37 @@ class QuestionSampler:
         self.questions = list(questions)
         self.seed, self.shuffle = seed, shuffle
         self.epoch, self.pos = 0, 0
+        self.deferred: list[int] = []  # indices moved to the end of this epoch's order (see the class doc)
         self._order = self._permutation(0)
 
-    def _permutation(self, epoch: int) -> list[int]:
+    def _permutation(self, epoch: int, deferred: list[int] = ()) -> list[int]:
         order = list(range(len(self.questions)))
         if self.shuffle:
             random.Random(self.seed * 100_003 + epoch).shuffle(order)
-        return order
+        moved = set(deferred)
+        return [i for i in order if i not in moved] + [i for i in deferred]
 
     def next(self, n: int) -> list[Question]:
-        """The next ``n`` questions (crossing epoch boundaries as needed)."""
-        out = []
-        while len(out) < n:
+        """The next ``n`` distinct questions (crossing epoch boundaries as needed)."""
+        if not 1 <= n <= len(self.questions):
+            raise ValueError(f"cannot draw {n} distinct questions from {len(self.questions)}")
+        drawn: list[int] = []
+        while len(drawn) < n:
             if self.pos >= len(self._order):
                 self.epoch, self.pos = self.epoch + 1, 0
-                self._order = self._permutation(self.epoch)
-            out.append(self.questions[self._order[self.pos]])
+                self.deferred = list(drawn)  # this draw's tail of the old epoch: last in the new one
+                self._order = self._permutation(self.epoch, self.deferred)
+            drawn.append(self._order[self.pos])
             self.pos += 1
-        return out
+        return [self.questions[i] for i in drawn]
 
     def state(self) -> dict:
-        return {"epoch": self.epoch, "pos": self.pos}
+        return {"epoch": self.epoch, "pos": self.pos, "deferred": list(self.deferred)}
 
     def load_state(self, state: dict) -> None:
         self.epoch, self.pos = int(state["epoch"]), int(state["pos"])
-        self._order = self._permutation(self.epoch)
+        self.deferred = [int(i) for i in state.get("deferred", [])]  # absent in older checkpoints
+        self._order = self._permutation(self.epoch, self.deferred)
 
 
 @dataclass

@@ -84,12 +84,35 @@ def compute_advantages(
             adv_B = grpo_advantages(scores_B, group_ids, scale_by_std=algo.advantage == "grpo")
         return broadcast_to_tokens(adv_B, mask_BT), None
     if algo.advantage == "reinforce_pp":
-        return reinforce_pp_advantages(scores_B, mask_BT, kl_BT=kl_BT, kl_coef=algo.kl_coef, gamma=algo.gamma)
+        _, returns_BT = reinforce_pp_advantages(scores_B, mask_BT, kl_BT=kl_BT, kl_coef=algo.kl_coef,
+                                                gamma=algo.gamma)
+        return global_whiten(returns_BT, mask_BT), returns_BT
     if values_BT is None:
         raise ValueError("algo.advantage=gae needs a critic's values")
     rewards_BT = token_rewards(scores_B, mask_BT, kl_BT=kl_BT, kl_coef=algo.kl_coef)  # [B, T]
     adv_BT, returns_BT = gae_advantages(rewards_BT, values_BT, mask_BT, gamma=algo.gamma, lam=algo.lam)
-    return masked_whiten(adv_BT, mask_BT), returns_BT
+    return global_whiten(adv_BT, mask_BT), returns_BT
+
+
+def global_whiten(values_BT: torch.Tensor, mask_BT: torch.Tensor, *, eps: float = 1e-8) -> torch.Tensor:
+    """``masked_whiten`` with the mean and (unbiased) variance of the whole step's batch: under
+    torchrun the masked tokens of every rank (verl whitens the whole batch; N ranks must equal one
+    process). Two all-reduces (sum and count, then the squared deviations); one process: exactly
+    ``masked_whiten``."""
+    world, on = _world()
+    if not on:
+        return masked_whiten(values_BT, mask_BT, eps=eps)
+    m_BT = mask_BT.bool()
+    x_BT = torch.where(m_BT, values_BT.detach(), 0.0).double()  # [B, T]
+    first = torch.stack([x_BT.sum(), m_BT.sum().double()])  # [sum, count]
+    dist.all_reduce(first)
+    count = first[1]
+    mean = first[0] / count.clamp(min=1)
+    sq = torch.where(m_BT, (x_BT - mean).square(), 0.0).sum().reshape(1)
+    dist.all_reduce(sq)
+    var = torch.where(count >= 2, sq[0] / (count - 1).clamp(min=1), torch.zeros_like(sq[0]))
+    out_BT = (x_BT - mean) * torch.rsqrt(var + eps)
+    return torch.where(m_BT, out_BT, 0.0).to(values_BT.dtype)
 
 
 def _world() -> tuple[int, bool]:
@@ -153,6 +176,32 @@ def _micro_loss(policy, b: UpdateBatch, rows: list[int], algo: AlgoConfig, denom
     return loss, metrics, int(mask_BT.sum())
 
 
+# Per-token means (weighted by each micro-batch's trained tokens, then over all ranks), maxima,
+# and per-mini-batch sums of micro-batch shares (like ``algo/loss``): how ``policy_update`` combines
+# the micro-batches' metrics, so that N ranks report what one process reports for the same batch.
+TOKEN_MEANS = ("algo/clipfrac", "algo/clipfrac_dual", "algo/approx_kl", "algo/ratio_mean", "algo/kl",
+               "algo/entropy", "algo/value_clipfrac")
+MAXIMA = ("algo/ratio_max",)
+
+
+def _combine_token_metrics(token_sums: dict[str, float], tokens: float, maxima: dict[str, float],
+                           device: torch.device) -> dict[str, float]:
+    """Token-weighted means and maxima over every rank's micro-batches (collectives under torchrun;
+    every rank has the same keys, since they come from the shared config)."""
+    keys, max_keys = sorted(token_sums), sorted(maxima)
+    _, on = _world()
+    sums = torch.tensor([token_sums[k] for k in keys] + [tokens], dtype=torch.float64, device=device)
+    peaks = torch.tensor([maxima[k] for k in max_keys], dtype=torch.float64, device=device)
+    if on:
+        dist.all_reduce(sums)
+        if max_keys:
+            dist.all_reduce(peaks, op=dist.ReduceOp.MAX)
+    total = max(float(sums[-1]), 1.0)
+    out = {k: float(sums[i]) / total for i, k in enumerate(keys)}
+    out.update({k: float(peaks[i]) for i, k in enumerate(max_keys)})
+    return out
+
+
 def _denominator(algo: AlgoConfig, mask_BT: torch.Tensor, rows: list[int]) -> float:
     if algo.loss_agg == "token_mean":
         return float(mask_BT[rows].sum())
@@ -183,9 +232,12 @@ def policy_update(
     world, _ = _world()
     device = next(policy.parameters()).device
     gen = torch.Generator().manual_seed(seed)
-    sums: dict[str, float] = {}
+    sums: dict[str, float] = {}  # other per-micro-batch metrics, averaged
+    token_sums: dict[str, float] = {}
+    maxima: dict[str, float] = {}
+    tokens = 0.0
     n_stats = steps = skipped = 0
-    grad_norms, losses = [], []
+    grad_norms, losses, value_losses = [], [], []
     lengths = batch.attention_mask_BT.sum(-1).tolist()
     lr = optimizer.param_groups[0]["lr"]  # the rate this update uses (the scheduler moves it after)
     for _ in range(epochs):
@@ -196,19 +248,28 @@ def policy_update(
             optimizer.zero_grad(set_to_none=True)
             if critic_optimizer is not None:
                 critic_optimizer.zero_grad(set_to_none=True)
-            finite, mb_loss = True, 0.0
+            finite, mb_loss, mb_value_loss = True, 0.0, 0.0
             for local in length_buckets([lengths[i] for i in mb_rows], micro_batch_size):
                 rows = [mb_rows[i] for i in local]
-                loss, metrics, _ = _micro_loss(policy, batch, rows, algo, max(denom, 1.0), temperature, norm_len)
+                loss, metrics, n_tokens = _micro_loss(policy, batch, rows, algo, max(denom, 1.0), temperature,
+                                                      norm_len)
                 if critic is not None:
                     loss = loss + _critic_loss(critic, batch, rows, algo, max(denom, 1.0), norm_len, metrics)
+                    mb_value_loss += metrics.pop("algo/value_loss")  # shares of the mini-batch's: they add up
                 finite = finite and bool(torch.isfinite(loss))
                 (loss * world).backward()
+                tokens += n_tokens
                 for k, v in metrics.items():
-                    sums[k] = sums.get(k, 0.0) + v
+                    if k in TOKEN_MEANS:
+                        token_sums[k] = token_sums.get(k, 0.0) + v * n_tokens
+                    elif k in MAXIMA:
+                        maxima[k] = max(maxima.get(k, -math.inf), v)
+                    else:
+                        sums[k] = sums.get(k, 0.0) + v
                 mb_loss += float(loss.detach())  # micro losses share the denominator: they add up
                 n_stats += 1
             losses.append(mb_loss)
+            value_losses.append(mb_value_loss)
             finite = _all_ranks_finite(finite, device)
             params = [p for p in policy.parameters() if p.grad is not None]
             norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip else float("inf"))
@@ -226,7 +287,10 @@ def policy_update(
     if scheduler is not None:
         scheduler.step()
     out = {k: v / max(n_stats, 1) for k, v in sums.items()}
+    out.update(_combine_token_metrics(token_sums, tokens, maxima, device))
     out["algo/loss"] = sum(losses) / len(losses) if losses else float("nan")
+    if critic is not None:
+        out["algo/value_loss"] = sum(value_losses) / len(value_losses) if value_losses else float("nan")
     out["algo/grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
     out["algo/optimizer_steps"] = steps
     out["algo/skipped_steps"] = skipped

@@ -26,6 +26,23 @@ GRAD_CLIP = 0.05  # below the batch's gradient norm: the clip (a global norm und
 WORLD = 2
 
 
+ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_pp", "gae")
+SCORES = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0])
+GROUPS = list("aabbccdd")
+
+
+def _values(mask):
+    """Fixed critic values for GAE (any numbers: the test compares N ranks with one process)."""
+    return torch.linspace(-0.5, 0.7, mask.numel()).reshape(mask.shape)
+
+
+def _advantages(mask, rows=slice(None)):
+    """Every estimator's advantages for ``rows`` of the batch (under torchrun: this rank's rows)."""
+    return {name: compute_advantages(AlgoConfig(advantage=name, kl_coef=0.0, kl_mode="none"), SCORES[rows],
+                                     GROUPS[rows], mask[rows], values_BT=_values(mask)[rows])[0]
+            for name in ESTIMATORS}
+
+
 def _setup():
     from tests.helpers.tiny import tiny_model, tiny_tokenizer
 
@@ -42,8 +59,7 @@ def _setup():
         mask[b, L - 2 - b % 3 : L] = 1  # 11 vs 12 trained tokens per rank: the global count matters
     model = tiny_model(tok, seed=1).train()
     old = batched_logprobs(model, ids, att, micro_batch_size=8) + 0.2 * mask
-    scores = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0])
-    adv, _ = compute_advantages(ALGO, scores, list("aabbccdd"), mask)
+    adv, _ = compute_advantages(ALGO, SCORES, GROUPS, mask)
     return model, UpdateBatch(ids, att, mask, adv, old)
 
 
@@ -71,9 +87,14 @@ def _parallel_update(model, batch, rank, world, parallel):
     opt = torch.optim.SGD(model.parameters(), lr=0.5)  # after sharding: FSDP swaps the parameters
     metrics = _update(wrapped, opt, _rows(batch, rank, world))
     state = par.full_model_state(model)  # a collective under FSDP
-    losses = [None] * world
+    losses, entropies = [None] * world, [None] * world
     dist.all_gather_object(losses, metrics["algo/loss"])
-    return {"state": state, "losses": losses, "sharded": par.is_sharded(wrapped)}
+    dist.all_gather_object(entropies, metrics["algo/entropy"])
+    share = batch.input_ids_BT.shape[0] // world
+    advantages = [None] * world
+    dist.all_gather_object(advantages, _advantages(batch.loss_mask_BT, slice(rank * share, (rank + 1) * share)))
+    return {"state": state, "losses": losses, "entropies": entropies, "sharded": par.is_sharded(wrapped),
+            "advantages": {k: torch.cat([a[k] for a in advantages]) for k in ESTIMATORS}}
 
 
 def _fsdp_checkpoint(model, batch, rank, world, tmp_dir):
@@ -156,6 +177,18 @@ def test_two_gloo_ranks_match_single_process(ranks, parallel):
     assert moved > 0  # the update did something
     # each rank's loss is its share of the global mean: the shares add up (hence summed in metrics)
     assert sum(got["losses"]) == pytest.approx(metrics["algo/loss"], abs=1e-6)
+    # a token-weighted metric is combined token-weighted: every rank reports the one-process figure
+    assert got["entropies"] == pytest.approx([metrics["algo/entropy"]] * WORLD, abs=1e-6)
+
+
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+def test_every_estimator_on_two_ranks_equals_one_process(ranks, estimator):
+    """REINFORCE++ and GAE whiten over the whole batch (all ranks), as verl does; the group
+    estimators see whole groups on each rank."""
+    mask = _setup()[1].loss_mask_BT
+    single = _advantages(mask)[estimator]
+    assert single.abs().sum() > 0
+    torch.testing.assert_close(ranks[1]["ddp"]["advantages"][estimator], single, atol=1e-6, rtol=1e-5)
 
 
 def test_fsdp_gathered_forward_checkpoint_and_optimizer_resume(ranks):

@@ -78,6 +78,8 @@ def test_search_then_answer_exact_tokens_and_masks(tok, fmt):
     assert (m["rollout/queries"], m["rollout/distinct_queries"], m["rollout/retrieval_calls"]) == (4, 1, 1)
     assert m["rollout/dedup_ratio"] == 0.25
     assert m["rollout/sampled_tokens"] == 4 * (len(parts[1]) + len(parts[3]))
+    # rates and timings sit under perf/ (a rate is not a rollout count)
+    assert "perf/sampled_tokens_per_s" in m and not any(k.endswith("_per_s") for k in m if k.startswith("rollout/"))
 
 
 def test_one_deduplicated_retrieval_call_per_round(tok, fmt):

@@ -17,17 +17,38 @@ def test_sampler_epochs_cover_every_question_once():
     first = [q.id for q in s.next(5)]
     second = [q.id for q in s.next(5)]
     assert sorted(first) == sorted(second) == [f"q{i}" for i in range(5)]
-    assert s.state() == {"epoch": 1, "pos": 5}
+    assert s.state() == {"epoch": 1, "pos": 5, "deferred": []}
 
 
 def test_sampler_resume_continues_identically():
     a = QuestionSampler(_qs(7), seed=1)
     a.next(4)
     state = a.state()
-    expected = [q.id for q in a.next(9)]  # crosses an epoch boundary
+    expected = [q.id for q in a.next(5) + a.next(5)]  # crosses an epoch boundary
     b = QuestionSampler(_qs(7), seed=1)
     b.load_state(state)
-    assert [q.id for q in b.next(9)] == expected
+    assert [q.id for q in b.next(5) + b.next(5)] == expected
+    c = QuestionSampler(_qs(7), seed=1)  # resumed right after a draw that crossed the boundary
+    c.next(4)
+    c.next(5)
+    d = QuestionSampler(_qs(7), seed=1)
+    d.load_state(c.state())
+    assert [q.id for q in d.next(5)] == [q.id for q in c.next(5)]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_draw_across_an_epoch_boundary_never_repeats_a_question(seed):
+    """10 questions, 4 per step (``data.limit=10``, ``questions_per_step=4``): step 3 crosses into a
+    reshuffled epoch; it used to draw a question twice (the rollout refused the repeated id)."""
+    s = QuestionSampler(_qs(10), seed=seed)
+    steps = [[q.id for q in s.next(4)] for _ in range(10)]  # 40 draws = 4 epochs
+    for ids in steps:
+        assert len(set(ids)) == 4, ids
+    flat = [i for ids in steps for i in ids]
+    for epoch in range(4):  # every epoch still holds each question once
+        assert sorted(flat[epoch * 10:(epoch + 1) * 10]) == sorted(q.id for q in _qs(10))
+    with pytest.raises(ValueError, match="cannot draw 11 distinct questions from 10"):
+        s.next(11)
 
 
 def test_sampler_rejects_duplicate_ids_and_empty():
