@@ -75,6 +75,13 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"sleuth: error: {e}", file=sys.stderr)
         return 2
+    except Exception as e:  # a retriever that stays down: the message says what happened and what to do
+        from sleuth.retrieval.base import RetrieverDownError
+
+        if not isinstance(e, RetrieverDownError):
+            raise
+        print(f"sleuth: error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

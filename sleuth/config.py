@@ -24,7 +24,10 @@ class ModelConfig:
     gguf_file: str | None = None
     """File name inside ``name_or_path`` to load with ``gguf_file=`` (set automatically for .gguf paths)."""
     dtype: str = "float32"
-    """Parameter dtype for training/inference: float32, bfloat16 or float16."""
+    """Compute dtype: float32, bfloat16 or float16. Training keeps float32 master weights and AdamW
+    state and runs every forward (rollout, logprobs, update) under autocast in this dtype; the frozen
+    reference is held in it; checkpoints hold the float32 weights. eval/ask load the weights in it.
+    float16 has no loss scaling here: prefer bfloat16."""
     device: str = "auto"
     """``auto`` picks cuda when available, else cpu."""
     lora_rank: int = 0
@@ -69,8 +72,17 @@ class RetrievalConfig:
     """Client timeout per request."""
     retries: int = 3
     """Client retries with exponential backoff before a retrieval error."""
+    retry_for_s: float = 120.0
+    """kind=url: a server that has answered before and then fails (a restart, an overload) is
+    retried with backoff (at most 8 s apart) for up to this many seconds before the search counts
+    as failed. A server that never answered fails after ``retries`` (the start-up check is quick)."""
     cache_size: int = 10000
     """LRU entries of (query, k) -> passages kept by the client."""
+    query_prefix: str | None = None
+    """Dense query prefix instead of the one the index_dir was built with (a warning when they
+    differ); None: the index's own (e.g. ``"query: "`` for e5, recorded at build)."""
+    passage_prefix: str | None = None
+    """When set, refuse a dense index_dir built with another passage prefix; None: no check."""
 
 
 @dataclass
@@ -239,7 +251,8 @@ def _choices() -> dict[str, tuple]:
 
 
 AT_LEAST = {
-    "data.limit": 1, "retrieval.topk": 1, "retrieval.retries": 0, "retrieval.cache_size": 0,
+    "data.limit": 1, "retrieval.topk": 1, "retrieval.retries": 0, "retrieval.retry_for_s": 0,
+    "retrieval.cache_size": 0,
     "rollout.group_size": 1, "rollout.max_turns": 0, "rollout.max_tokens_per_turn": 1, "rollout.max_obs_tokens": 1,
     "rollout.max_context_tokens": 1, "rollout.max_invalid": 0, "rollout.temperature": 0, "rollout.top_k": 0,
     "algo.clip_low": 0, "algo.clip_high": 0, "algo.kl_coef": 0, "train.total_steps": 1,

@@ -12,6 +12,11 @@ class RetrievalError(RuntimeError):
     into an observation saying the search failed, counts it, and goes on."""
 
 
+class RetrieverDownError(RetrievalError):
+    """Every search of a training step failed, after the client's retries: the run stops (``sleuth
+    train`` prints the message and exits 1) instead of training on failed searches."""
+
+
 @runtime_checkable
 class Retriever(Protocol):
     def search(self, queries: list[str], k: int) -> list[list[Passage]]:

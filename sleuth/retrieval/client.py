@@ -88,12 +88,21 @@ def send_with_retries(
     sleep: Callable[[float], None] = time.sleep,
     on_retry: Callable[[], None] | None = None,
     auth_hint: str = "",
+    retry_for_s: float = 0.0,
+    clock: Callable[[], float] = time.monotonic,
 ) -> httpx.Response:
     """Call ``send`` until it answers < 400; retry transport errors, timeouts, 5xx and 429 up to
-    ``retries`` times, waiting ``backoff_s * 2**i`` (capped) before retry i. Other 4xx raise at once.
-    Every failure is a RetrievalError that names ``url``; ``auth_hint`` is added to a 401/403."""
+    ``retries`` times, and beyond that for as long as ``retry_for_s`` seconds have not passed since
+    the first attempt, waiting ``backoff_s * 2**i`` (capped at ``max_backoff_s``) before retry i.
+    Other 4xx raise at once. Every failure is a RetrievalError that names ``url``; ``auth_hint`` is
+    added to a 401/403."""
     last = ""
-    for attempt in range(retries + 1):
+    start = clock()
+    attempt = -1
+    while True:
+        attempt += 1
+        if attempt > retries and clock() - start >= retry_for_s:
+            break
         if attempt:
             sleep(min(max_backoff_s, backoff_s * 2 ** (attempt - 1)))
             if on_retry:
@@ -113,7 +122,8 @@ def send_with_retries(
             hint = f"; {auth_hint}" if auth_hint and resp.status_code in (401, 403) else ""
             raise RetrievalError(f"{url} rejected the request: HTTP {resp.status_code}: {_detail(resp)}{hint}")
         return resp
-    raise RetrievalError(f"{url} failed after {retries + 1} attempt(s): {last}")
+    waited = f" over {clock() - start:.0f} s" if retry_for_s else ""
+    raise RetrievalError(f"{url} failed after {attempt} attempt(s){waited}: {last}")
 
 
 def retrieve_url(url: str) -> str:
@@ -202,6 +212,7 @@ class RemoteRetriever:
         cache_size: int = 10000,
         backoff_s: float = 0.25,
         max_queries_per_request: int = 512,
+        retry_for_s: float = 0.0,
     ):
         if retries < 0 or timeout_s <= 0 or max_queries_per_request < 1:
             raise ValueError("need retries >= 0, timeout_s > 0 and max_queries_per_request >= 1")
@@ -212,6 +223,11 @@ class RemoteRetriever:
         self._http = httpx.Client(timeout=timeout_s, headers=headers)
         self._cache = LRUCache(cache_size)
         self._sleep: Callable[[float], None] = time.sleep  # replaced in tests
+        self._clock: Callable[[], float] = time.monotonic  # replaced in tests
+        # a server that has answered before is waited for (a restart, an overload) up to this long;
+        # one that never answered (a wrong URL, a server not started) fails after ``retries``
+        self.retry_for_s = retry_for_s
+        self._answered = False
         self.stats = ClientStats()
 
     @classmethod
@@ -220,7 +236,7 @@ class RemoteRetriever:
         if not cfg.url:
             raise ValueError("retrieval.url is not set: pass --set retrieval.url=http://127.0.0.1:8000/retrieve")
         return cls(cfg.url, token=env_token(), timeout_s=cfg.timeout_s,
-                   retries=cfg.retries, cache_size=cfg.cache_size)
+                   retries=cfg.retries, cache_size=cfg.cache_size, retry_for_s=cfg.retry_for_s)
 
     def search(self, queries: list[str], k: int) -> list[list[Passage]]:
         """One list of at most ``k`` passages per query, in order."""
@@ -263,7 +279,9 @@ class RemoteRetriever:
             resp = send_with_retries(
                 send, url=self.url, retries=self.retries, backoff_s=self.backoff_s,
                 sleep=self._sleep, on_retry=count_retry, auth_hint=AUTH_HINT,
+                retry_for_s=self.retry_for_s if self._answered else 0.0, clock=self._clock,
             )
+            self._answered = True
             self.stats.queries_sent += len(queries)
             try:
                 data = resp.json()

@@ -1,7 +1,10 @@
 """``sleuth train --config FILE [--set dotted.key=value …] --out DIR [--resume | --overwrite]``.
 
 A new run never writes over an earlier one in ``--out``: ``--resume`` continues it, ``--overwrite``
-replaces it."""
+replaces it. The run records its settings in ``--out``'s ``config.yaml``; when that file is the
+``--config`` given (a config kept in the run directory), it is never written over: it already holds
+the settings and is kept as is, and a ``--set`` that would change them is refused before anything
+runs (put the change into the file instead)."""
 
 from __future__ import annotations
 
@@ -10,9 +13,11 @@ def _run(args) -> int:
     from sleuth.cli import print_json_line
     from sleuth.config import load_config
     from sleuth.train import distributed as par
+    from sleuth.train.checkpoint import check_config_not_rewritten
     from sleuth.train.loop import Trainer
 
     cfg = load_config(args.config, args.set)
+    check_config_not_rewritten(args.config, args.out, cfg)
     try:
         trainer = Trainer(cfg, args.out, resume=args.resume, overwrite=args.overwrite, progress=not args.json)
         last = trainer.run()

@@ -37,6 +37,7 @@ SUMMED = {
     "rollout/trajectories", "rollout/queries", "rollout/distinct_queries", "rollout/retrieval_calls",
     "rollout/invalid", "rollout/retrieval_errors", "rollout/sampled_tokens", "rollout/injected_tokens",
     "perf/sampled_tokens_per_s", "perf/tokens_per_s",
+    "rollout/failed_search_trajectories",
     "algo/loss", "algo/value_loss",  # each rank's share is divided by the global token/row count: they add up
 }
 
@@ -200,6 +201,15 @@ def reduce_metrics(metrics: dict[str, float], *, world_size: int, question_ids: 
             out[k] = sum(vals) / world_size
     out["rollout/questions"] = float(len({q for _, ids in gathered_ for q in ids}))
     return out
+
+
+def all_sum(values: list[float], device: torch.device | str = "cpu") -> list[float]:
+    """``values`` summed over every rank (a collective under torchrun); as they are in one process."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return [float(v) for v in values]
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return t.tolist()
 
 
 def interleave(shards: list[list]) -> list:

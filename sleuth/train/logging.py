@@ -1,11 +1,18 @@
 """Metrics and sample logging: ``OUT/metrics.jsonl`` always, TensorBoard / W&B when asked, a rich
-progress line on the terminal, and a few sample trajectories per step in ``OUT/samples.jsonl``."""
+progress line on the terminal, and a few sample trajectories per step in ``OUT/samples.jsonl``.
+
+A resumed run appends to both files after :func:`truncate_jsonl` dropped the rows of the steps it
+re-does, and continues the same W&B run: its id is kept in ``OUT/wandb_id.txt``."""
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import sys
 import time
+import uuid
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +44,86 @@ def trajectory_record(traj: Trajectory, tokenizer=None, max_chars: int = 4000) -
             {"kind": s.kind.value, "n_tokens": len(s.token_ids), "text": s.text[:max_chars]} for s in traj.segments[1:]
         ],
     }
+
+
+def _step_of(line: bytes) -> int | None:
+    """The ``step`` of one logged row, or None when the line is not such a row."""
+    try:
+        row = json.loads(line)
+    except ValueError:  # JSONDecodeError, UnicodeDecodeError
+        return None
+    step = row.get("step") if isinstance(row, dict) else None
+    return step if isinstance(step, int) else None
+
+
+def truncate_jsonl(path: Path, step: int) -> bool:
+    """Keep the rows of ``path`` (one JSON object with a ``step`` per line) up to ``step``: a resumed
+    run re-does the steps after its checkpoint. True when the file was rewritten.
+
+    Crash-safe: the file is streamed line by line (a samples file reaches tens of MB) into a
+    temporary file beside it, which is flushed to disk and renamed over it in one step, so a kill at
+    any moment leaves the old file or the new one, never a part of either. Nothing is rewritten when
+    nothing is dropped. A torn last line (a kill or a full disk while it was written) is dropped
+    with a warning naming the file; an unreadable line before the last means the file was damaged
+    some other way: a ValueError names the file and the line, and the file is left as it is."""
+    if not path.exists():
+        return False
+    for stale in path.parent.glob(f"{path.name}.tmp-*"):  # left by a rewrite that was killed
+        stale.unlink(missing_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    changed, torn = False, None  # torn: the number of an unreadable line, acceptable only as the last
+    try:
+        with open(path, "rb") as src, open(tmp, "wb") as dst:
+            for number, line in enumerate(src, 1):
+                if not line.strip():
+                    changed = True
+                    continue
+                if torn is not None:
+                    raise ValueError(
+                        f"{path} line {torn} is not a logged row (not a JSON object with a step); the file was "
+                        "damaged: delete that line (keep a copy of the file), then run --resume again")
+                row_step = _step_of(line)
+                if row_step is None:
+                    torn, changed = number, True
+                elif row_step > step:
+                    changed = True
+                else:
+                    if not line.endswith(b"\n"):  # a complete last row without its newline: appends go after it
+                        line, changed = line + b"\n", True
+                    dst.write(line)
+            if not changed:
+                return False
+            dst.flush()
+            os.fsync(dst.fileno())
+        if torn is not None:
+            warnings.warn(f"{path}: dropped its last line (line {torn}), which was cut off (the run was killed "
+                          "or the disk was full while writing it)", stacklevel=2)
+        os.replace(tmp, path)
+        fd = os.open(path.parent, os.O_RDONLY)  # the rename itself reaches the disk
+        try:
+            os.fsync(fd)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        return True
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def wandb_run_id(out: Path, *, resume: bool) -> str:
+    """The W&B run id of the run in ``out``: on resume the one kept in ``out/wandb_id.txt`` (so the
+    same W&B run continues), else a new one, written there before W&B starts."""
+    path = out / "wandb_id.txt"
+    if resume and path.is_file():
+        run_id = path.read_text(encoding="utf-8").strip()
+        if run_id:
+            return run_id
+    run_id = uuid.uuid4().hex[:16]
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(run_id + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return run_id
 
 
 class MetricsLogger:
@@ -74,7 +161,9 @@ class MetricsLogger:
                 import wandb as wb
             except ImportError as e:
                 raise ImportError("train.wandb=true needs `pip install 'sleuth[logging]'`") from e
-            self._wandb = wb.init(project="sleuth", config=config or {}, dir=str(self.out))
+            # resume="allow": continue the W&B run of this id, or start it when W&B has none
+            self._wandb = wb.init(project="sleuth", config=config or {}, dir=str(self.out),
+                                  id=wandb_run_id(self.out, resume=resume), resume="allow")
         if progress:
             from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
@@ -103,6 +192,14 @@ class MetricsLogger:
                     self._tb.add_scalar(k, v, step)
         if self._wandb is not None:
             self._wandb.log(row, step=step)
+        failed = row.get("rollout/failed_search_trajectories") or 0
+        if failed:  # on the terminal too: a count in metrics.jsonl is easy to miss
+            note = (f"step {step}: {failed:.0f} of {row.get('rollout/trajectories', 0):.0f} trajectories had a "
+                    "failed search (retrieval errors); they were left out of the loss")
+            if self._progress is not None:
+                self._progress.console.print(f"[yellow]{note}")
+            else:
+                print(f"sleuth: warning: {note}", file=sys.stderr)
         if self._progress is not None:
             info = "  ".join(
                 f"{k.split('/')[-1]}={row[k]:.3f}"

@@ -21,12 +21,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from sleuth.config import Config, save_config, to_dict, validate
+from sleuth.config import Config, to_dict, validate
 from sleuth.train import distributed as par
-from sleuth.train.checkpoint import (latest_checkpoint, load_optimizer_state, load_policy_weights, load_trainer_state,
-                                     optimizer_state, save_checkpoint, set_rng_state)
+from sleuth.train.checkpoint import (latest_checkpoint, load_checkpoint_file, load_optimizer_state, load_policy_weights,
+                                     load_trainer_state, optimizer_state, save_checkpoint, set_rng_state,
+                                     write_run_config)
 from sleuth.train.forward import batched_logprobs, length_buckets, padding_share
 from sleuth.train.logging import MetricsLogger
+from sleuth.train.models import DTYPES, compute_autocast
 from sleuth.train.sampler import CollapseWatch, QuestionSampler
 from sleuth.train.setup import (build_format, build_run_retriever, check_run_dir, init_distributed,
                                 load_eval_questions, load_questions_for, probe_retriever, warn_changed_settings)
@@ -79,14 +81,13 @@ def _score(trajs, reward_fn) -> dict:
 
 
 def _truncate_metrics(out: Path, step: int) -> None:
-    """Drop logged rows after ``step`` (a resumed run re-does the steps after its checkpoint)."""
-    import json
+    """Drop logged rows after ``step`` (a resumed run re-does the steps after its checkpoint). Each
+    file is streamed and replaced atomically; a torn last line is dropped with a warning
+    (:func:`sleuth.train.logging.truncate_jsonl`)."""
+    from sleuth.train.logging import truncate_jsonl
 
     for name in ("metrics.jsonl", "samples.jsonl"):
-        path = out / name
-        if path.exists():
-            rows = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
-            path.write_text("".join(r + "\n" for r in rows))
+        truncate_jsonl(out / name, step)
 
 
 class Trainer:
@@ -116,7 +117,9 @@ class Trainer:
         torch.use_deterministic_algorithms(True, warn_only=True)
         mc = cfg.model
         device = "cpu" if self.sharded else mc.device  # FSDP moves each rank's shards to its GPU
-        self.policy, self.tokenizer = load_policy(mc.name_or_path, dtype=mc.dtype, device=device,
+        # float32 master weights and optimizer state whatever model.dtype says; the forwards run in
+        # model.dtype under autocast (self.compute); the frozen reference is kept in model.dtype
+        self.policy, self.tokenizer = load_policy(mc.name_or_path, dtype="float32", device=device,
                                                   gguf_file=mc.gguf_file)
         if tc.cpu_threads and next(self.policy.parameters()).device.type == "cpu":
             torch.set_num_threads(tc.cpu_threads)  # after loading: building the tiny model sets its own
@@ -128,14 +131,15 @@ class Trainer:
 
             self.policy = add_lora(self.policy, rank=mc.lora_rank, alpha=mc.lora_alpha, targets=mc.lora_targets)
         elif cfg.algo.kl_coef > 0 and cfg.algo.kl_mode != "none":
-            self.ref = copy.deepcopy(self.policy).eval().requires_grad_(False)
+            self.ref = copy.deepcopy(self.policy).eval().requires_grad_(False).to(DTYPES[mc.dtype])
         self.use_ref = cfg.algo.kl_coef > 0 and cfg.algo.kl_mode != "none"
         self.critic = self.critic_model = self.critic_opt = None
         if cfg.algo.advantage == "gae":
-            self.critic = make_critic(mc.name_or_path, dtype=mc.dtype, device=device, gguf_file=mc.gguf_file)
+            self.critic = make_critic(mc.name_or_path, dtype="float32", device=device, gguf_file=mc.gguf_file)
         # the modules the update calls: DDP wrappers, or (FSDP) the same modules sharded in place
         wrap = dict(parallel=tc.parallel, world_size=self.ctx.world_size, local_rank=self.ctx.local_rank)
         self.model = par.wrap_for_update(self.policy, **wrap)
+        self.compute_device = next(self.policy.parameters()).device  # FSDP: where the shards went
         if self.critic is not None:
             self.critic_model = par.wrap_for_update(self.critic, **wrap)
             self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=tc.critic_lr,
@@ -164,13 +168,17 @@ class Trainer:
             self._resume()
         if self.ctx.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
-            save_config(cfg, self.out / "config.yaml")
+            write_run_config(cfg, self.out)  # atomically; a file already holding these settings is kept as is
             _truncate_metrics(self.out, self.step)
         # the vLLM rollout engine, built after a resume so that it starts from the current weights
         self.vllm = self._build_vllm() if cfg.rollout.backend != "hf" else None
         self.logger = MetricsLogger(self.out, total_steps=tc.total_steps, tensorboard=tc.tensorboard,
                                     wandb=tc.wandb, config=to_dict(cfg), enabled=self.ctx.is_main,
                                     progress=progress, resume=resume and self.step > 0)
+
+    def compute(self):
+        """The context every forward of the run executes in (autocast to ``model.dtype``)."""
+        return compute_autocast(self.cfg.model.dtype, self.compute_device)
 
     def _build_vllm(self):
         """The vLLM rollout engine (``rollout.backend: vllm``), holding the policy's current weights."""
@@ -192,31 +200,40 @@ class Trainer:
         }
 
     def save(self) -> Path | None:
-        """Every rank calls this (FSDP gathers the full state); rank 0 writes the checkpoint."""
+        """Every rank calls this (FSDP gathers the full state); rank 0 writes the checkpoint.
+
+        A step whose checkpoint already holds the current state (the trainer resumed from it and has
+        not stepped since, e.g. ``--resume`` of a finished run) is not written again: rewriting the
+        checkpoint ``latest`` names could not be atomic. Every rank makes the same decision."""
+        if getattr(self, "_checkpointed_step", None) == self.step:
+            return self.out / "checkpoints" / f"step_{self.step:06d}" if self.ctx.is_main else None
         state, policy, critic_state = self._state(), self.policy, None
         if self.sharded:
             full = par.full_model_state(self.policy)
             critic_state = par.full_model_state(self.critic) if self.critic is not None else None
             policy = par.plain_model(self.policy, full) if self.ctx.is_main else None
+        self._checkpointed_step = self.step
         if not self.ctx.is_main:
             return None
         return save_checkpoint(self.out, self.step, policy=policy, tokenizer=self.tokenizer, trainer_state=state,
                                critic=self.critic, critic_state=critic_state, keep=self.cfg.train.keep_checkpoints)
 
     def _resume(self, ckpt: Path | None = None) -> None:
+        """Load a checkpoint (the run's latest by default). Its files are read as tensors and plain
+        data only (no pickled code runs); a damaged one is a CheckpointError naming the file."""
         ckpt = ckpt or latest_checkpoint(self.out)
         if ckpt is None:
             return  # nothing to resume: start fresh
+        ts = load_trainer_state(ckpt)  # first: the small file, a damaged one fails before the weights load
         load_policy_weights(self.policy, ckpt)
-        ts = load_trainer_state(ckpt)
         load_optimizer_state(self.policy, self.optimizer, ts["optimizer"], where=ckpt)
         self.scheduler.load_state_dict(ts["scheduler"])
         if self.critic is not None:
-            par.load_model_state(self.critic, torch.load(ckpt / "critic.pt", map_location="cpu"))
+            par.load_model_state(self.critic, load_checkpoint_file(ckpt, "critic.pt"))
             load_optimizer_state(self.critic, self.critic_opt, ts["critic_optimizer"], where=ckpt)
         self.sampler.load_state(ts["cursor"])
         set_rng_state(ts["rng"])
-        self.step = ts["step"]
+        self.step = self._checkpointed_step = ts["step"]
 
     # -- one step ----------------------------------------------------------------------------
     def rollout(self, questions, *, greedy=False, group_size=None, step=0):
@@ -229,7 +246,12 @@ class Trainer:
                             seed=self.cfg.train.seed, step=step, k=self.cfg.retrieval.topk, greedy=greedy,
                             group_size=group_size)
 
-    def train_step(self) -> dict:
+    def train_step(self) -> tuple[dict, list]:
+        """One step (rollout, rewards, advantages, update) in ``model.dtype``; ``(metrics, trajectories)``."""
+        with self.compute():
+            return self._train_step()
+
+    def _train_step(self) -> tuple[dict, list]:
         from sleuth.rollout.batching import trajectories_to_batch
 
         cfg, tc = self.cfg, self.cfg.train
@@ -246,6 +268,7 @@ class Trainer:
             ids, att, mask = (rb.input_ids_BT.to(device), rb.attention_mask_BT.to(device),
                               rb.loss_mask_BT.to(device))
             old = batched_logprobs(self.policy, ids, att, micro_batch_size=mbs, temperature=temp)
+        group_ids, mask = self._leave_out_failed_searches(trajs, rb.group_ids, mask, metrics)
         metrics.update(_score(trajs, self.reward_fn))
         turns = sum(t.num_turns for t in trajs)
         metrics["rollout/invalid_rate"] = sum(t.num_invalid for t in trajs) / max(turns, 1)
@@ -255,7 +278,7 @@ class Trainer:
             with par.gathered(self.critic), torch.no_grad():
                 values = self.critic(ids, att).float()
         scores = torch.tensor([t.reward for t in trajs], dtype=torch.float32, device=device)
-        adv, returns = compute_advantages(cfg.algo, scores, rb.group_ids, mask, old_logprobs_BT=old,
+        adv, returns = compute_advantages(cfg.algo, scores, group_ids, mask, old_logprobs_BT=old,
                                           ref_logprobs_BT=ref, values_BT=values)
         batch = UpdateBatch(ids, att, mask, adv, old, sampler_logprobs_BT=rb.old_logprobs_BT.to(device),
                             ref_logprobs_BT=ref, returns_BT=returns, old_values_BT=values)
@@ -282,6 +305,40 @@ class Trainer:
         metrics = par.reduce_metrics(metrics, world_size=self.ctx.world_size, question_ids=[q.id for q in mine])
         return metrics, trajs
 
+    def _leave_out_failed_searches(self, trajs, group_ids: list[str], mask_BT: torch.Tensor, metrics: dict):
+        """A trajectory whose search failed (after the client's retries) read an error instead of
+        passages: not the policy's doing, so it is left out of the loss (its trained tokens are
+        unmasked, and it becomes a group of its own, so its reward enters no group's baseline or the
+        whitening). Counted in ``rollout/failed_search_trajectories``. When every search of the step
+        failed on every rank, the retriever is down: the run stops (RetrieverDownError) before the
+        update. Returns ``(group_ids, mask_BT)``; a collective under torchrun."""
+        from sleuth.retrieval.base import RetrieverDownError
+
+        failed_B = [t.num_retrieval_errors > 0 for t in trajs]
+        n_failed = sum(failed_B)
+        errors, ok = par.all_sum([sum(t.num_retrieval_errors for t in trajs), sum(t.num_searches for t in trajs)],
+                                 mask_BT.device)
+        if errors and not ok:
+            r = self.cfg.retrieval
+            where = f"{r.kind}: {r.url or r.index_dir or r.corpus}"
+            seen = next((text for t in trajs for text in t.retrieved_text if t.num_retrieval_errors), "")
+            last = self.latest_checkpoint_name()
+            raise RetrieverDownError(
+                f"every search of step {self.step} failed ({int(errors)} searches; the retriever ({where}) "
+                f"is down or failing): {seen.strip()[:300]!r}. Nothing of this step was trained. Start or fix "
+                f"the retriever, then continue with --resume ({last})")
+        metrics["rollout/failed_search_trajectories"] = float(n_failed)
+        if not n_failed:
+            return group_ids, mask_BT
+        keep_B1 = torch.tensor([not f for f in failed_B], device=mask_BT.device)[:, None]
+        mask_BT = torch.where(keep_B1, mask_BT, torch.zeros_like(mask_BT))
+        group_ids = [f"{g}/failed-search/{i}" if f else g for i, (g, f) in enumerate(zip(group_ids, failed_B))]
+        return group_ids, mask_BT
+
+    def latest_checkpoint_name(self) -> str:
+        ckpt = latest_checkpoint(self.out)
+        return f"the latest checkpoint is {ckpt.name}" if ckpt else "no checkpoint was written yet"
+
     def _ref_logprobs(self, ids, att, mbs, temp):
         """The frozen reference's logprobs: a separate copy, or (LoRA) the policy without adapters."""
         if self.ref is not None:
@@ -303,9 +360,10 @@ class Trainer:
         perf = {"seconds": 0.0, "generate_s": 0.0, "retrieve_s": 0.0}
         rows: list[dict] = []
         if mine:
-            summary, rows = evaluate(self.policy, self.tokenizer, mine, self.fmt, self.retriever, self.cfg.rollout,
-                                     topk=self.cfg.retrieval.topk, batch_size=self.cfg.eval.batch_size,
-                                     no_search=no_search, seed=self.cfg.train.seed)
+            with self.compute():
+                summary, rows = evaluate(self.policy, self.tokenizer, mine, self.fmt, self.retriever, self.cfg.rollout,
+                                         topk=self.cfg.retrieval.topk, batch_size=self.cfg.eval.batch_size,
+                                         no_search=no_search, seed=self.cfg.train.seed)
             perf = summary["perf"]
         if world > 1 or not mine:
             shards = par.all_gather_objects((rows, perf), world_size=world)

@@ -33,6 +33,34 @@ def _load_error(source: "ModelSource", e: OSError) -> ModelLoadError:
     return ModelLoadError(f"could not load model {what!r}: {str(e).strip()} ({hint})")
 
 
+def _damaged_weights_error(source: "ModelSource", e: Exception) -> ModelLoadError | None:
+    """For a local model directory whose ``*.safetensors`` file is truncated or corrupt (a kill or a
+    full disk while it was written), an error naming that file and, inside a Sleuth run, the
+    previous checkpoint; None when no such file is found (``e`` is some other problem)."""
+    from safetensors import SafetensorError, safe_open
+
+    if not isinstance(e, SafetensorError) or not Path(source.path).is_dir():
+        return None
+    for file in sorted(Path(source.path).glob("*.safetensors")):
+        try:
+            with safe_open(str(file), framework="pt"):
+                pass
+        except SafetensorError as bad:
+            hint = "save or download the model again"
+            ckpt = file.parent.parent  # RUN/checkpoints/step_X/policy/model.safetensors
+            if file.parent.name == "policy" and ckpt.parent.name == "checkpoints":
+                from sleuth.train.checkpoint import previous_checkpoint
+
+                prev = previous_checkpoint(ckpt)
+                hint = (f"checkpoint {ckpt} is damaged; " + (
+                    f"use the previous checkpoint {prev} instead (to resume the run from it: "
+                    f"echo {prev.name} > {ckpt.parent / 'latest'})" if prev is not None
+                    else "no earlier checkpoint is left: train the run again (--overwrite)"))
+            return ModelLoadError(f"could not load model {source.path!r}: its weights file {file} is truncated or "
+                                  f"corrupt ({bad}; a kill or a full disk while it was written?); {hint}")
+    return None
+
+
 @dataclass(frozen=True)
 class ModelSource:
     """Where ``from_pretrained`` should look: a hub name or directory, and an optional GGUF file in it."""
@@ -103,6 +131,16 @@ def pick_device(device: str = "auto") -> torch.device:
     return torch.device(check_device(device, flag="--device / model.device"))
 
 
+def compute_autocast(dtype: str, device: torch.device | str):
+    """The context a training run computes in: float32 needs none; bfloat16 / float16 run the
+    forwards (rollout, logprobs, the update's forward and backward) under ``torch.autocast`` while
+    the parameters and the optimizer state stay float32 (master weights). Without them, a bf16
+    step at lr 1e-6 rounds away almost every update (bf16 keeps 8 bits of mantissa)."""
+    if DTYPES[dtype] == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=torch.device(device).type, dtype=DTYPES[dtype])
+
+
 def load_tokenizer(source: ModelSource):
     from transformers import AutoTokenizer
 
@@ -134,6 +172,11 @@ def load_policy(name_or_path: str, *, dtype: str = "float32", device: str = "aut
             model = AutoModelForCausalLM.from_pretrained(source.path, dtype=DTYPES[dtype], **kwargs)
     except OSError as e:
         raise _load_error(source, e) from e
+    except Exception as e:  # a damaged weights file (SafetensorError): name it; anything else as it was
+        damaged = _damaged_weights_error(source, e)
+        if damaged is None:
+            raise
+        raise damaged from None
     if source.gguf_file:
         _as_plain_weights(model, source)
     model.to(target)

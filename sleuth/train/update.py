@@ -205,7 +205,7 @@ def _combine_token_metrics(token_sums: dict[str, float], tokens: float, maxima: 
 def _denominator(algo: AlgoConfig, mask_BT: torch.Tensor, rows: list[int]) -> float:
     if algo.loss_agg == "token_mean":
         return float(mask_BT[rows].sum())
-    return float(len(rows))
+    return float(mask_BT[rows].bool().any(dim=-1).sum())  # a row with no trained token adds no loss
 
 
 def policy_update(

@@ -113,6 +113,41 @@ def test_gives_up_after_retries_with_url_and_last_cause():
     assert len(stub.received) == 3 and r.delays == [0.01, 0.02] and r.stats.errors == 1
 
 
+def _fake_clock(r: RemoteRetriever) -> None:
+    """The client's sleeps advance its clock (no real waiting)."""
+    now = [0.0]
+    r._clock = lambda: now[0]
+    r._sleep = lambda s: (r.delays.append(s), now.__setitem__(0, now[0] + s))
+
+
+def test_a_server_that_answered_before_is_waited_for_up_to_retry_for_s():
+    """Mid-run (the server has answered before), failures are retried with capped backoff for up to
+    ``retry_for_s`` seconds; a server that never answered fails after ``retries`` (the start-up
+    check stays quick)."""
+    busy = (503, {"detail": "restarting"}, 0)
+    st, stub, r = stub_client([(200, OK_BODY, 0)] + [busy] * 5 + [(200, OK_BODY, 0)], retries=2,
+                              retry_for_s=30.0, backoff_s=1.0)
+    _fake_clock(r)
+    with st, r:
+        assert r.search(["first"], 1)[0][0].id == "p0"
+        assert r.search(["second"], 1)[0][0].id == "p0"  # 5 failures over 23 s, then it is back
+    assert r.delays == [1.0, 2.0, 4.0, 8.0, 8.0] and len(stub.received) == 7
+
+    st, stub, r = stub_client([(200, OK_BODY, 0), busy], retries=2, retry_for_s=30.0, backoff_s=1.0)
+    _fake_clock(r)
+    with st, r:
+        r.search(["first"], 1)
+        with pytest.raises(RetrievalError, match=r"failed after 7 attempt\(s\) over 31 s: HTTP 503: restarting"):
+            r.search(["second"], 1)
+    assert r.delays == [1.0, 2.0, 4.0, 8.0, 8.0, 8.0]  # backoff capped at 8 s; gave up once 30 s had passed
+
+    st, stub, r = stub_client([busy], retries=2, retry_for_s=30.0, backoff_s=1.0)
+    _fake_clock(r)
+    with st, r, pytest.raises(RetrievalError, match=r"failed after 3 attempt\(s\): HTTP 503"):
+        r.search(["never answered"], 1)
+    assert r.delays == [1.0, 2.0]
+
+
 def test_429_is_retried_but_other_4xx_are_not():
     st, stub, r = stub_client([(429, {"detail": "slow down"}, 0), (200, OK_BODY, 0)])
     with st, r:

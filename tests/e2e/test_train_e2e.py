@@ -3,6 +3,7 @@ finite, metrics and samples are logged, and a run stopped at step k and resumed 
 uninterrupted run."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -143,3 +144,131 @@ def test_lora_trains_adapters_and_resumes(world, tmp_path):
     base = AutoModelForCausalLM.from_pretrained(world / "model")
     changed = {n for (n, p), q in zip(merged.named_parameters(), base.parameters()) if not torch.equal(p, q)}
     assert changed and all(any(t in n for t in ("q_proj", "k_proj", "v_proj", "o_proj")) for n in changed)
+
+
+def _moved_share(before, after) -> float:
+    moved = total = 0
+    for p, q in zip(before.parameters(), after.parameters()):
+        moved += int((p.float() != q.float()).sum())
+        total += p.numel()
+    return moved / total
+
+
+def test_bf16_training_keeps_float32_master_weights(world, tmp_path):
+    """``model.dtype: bfloat16`` at Search-R1's lr 1e-6: the parameters and AdamW state stay
+    float32 and the forwards (rollout included) run in bf16 under autocast; one step moves about
+    as many weights as the float32 step (bf16 parameters moved 0.4% of them: bf16 keeps 8 bits of
+    mantissa, so a 1e-6 step on a weight of 0.02 rounds away). The checkpoint holds the float32
+    master weights."""
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    from sleuth.config import load_config
+    from sleuth.train.loop import Trainer
+
+    def trainer(dtype, out):
+        overrides = _args(world, out, 1, [f"model.dtype={dtype}", "train.lr=1e-6", "algo.kl_coef=0"])[5::2]
+        return Trainer(load_config(None, overrides), out, progress=False)
+
+    base = AutoModelForCausalLM.from_pretrained(world / "model")
+    f32 = trainer("float32", tmp_path / "f32")
+    f32.train_step()
+    bf16 = trainer("bfloat16", tmp_path / "bf16")
+    seen = set()
+    hook = bf16.policy.lm_head.register_forward_hook(lambda m, i, o: seen.add(o.dtype))
+    metrics, _ = bf16.train_step()
+    hook.remove()
+    assert seen == {torch.bfloat16}  # rollout, logprobs and the update computed in bf16
+    assert {p.dtype for p in bf16.policy.parameters()} == {torch.float32}
+    state = bf16.optimizer.state[next(iter(bf16.policy.parameters()))]
+    assert state["exp_avg"].dtype == state["exp_avg_sq"].dtype == torch.float32
+    assert metrics["algo/optimizer_steps"] == 1
+    share_f32, share_bf16 = _moved_share(base, f32.policy), _moved_share(base, bf16.policy)
+    assert share_f32 > 0.5
+    assert share_bf16 > 0.8 * share_f32, (share_bf16, share_f32)
+    ckpt = bf16.save()
+    with safe_open(str(ckpt / "policy" / "model.safetensors"), "pt") as f:
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"F32"}
+
+
+def _trainer(world, out, extra=()):
+    from sleuth.config import load_config
+    from sleuth.train.loop import Trainer
+
+    return Trainer(load_config(None, _args(world, out, 2, list(extra))[5::2]), out, progress=False)
+
+
+def test_trajectories_whose_search_failed_are_left_out_of_the_loss(world, tmp_path, monkeypatch, capsys):
+    """Rows that read 'the search failed' instead of passages train nothing: their loss mask is
+    cleared, they join no group's baseline, and the step counts them."""
+    import sleuth.train.loop as loop
+
+    trainer = _trainer(world, tmp_path / "run", ["algo.advantage=grpo", "algo.kl_coef=0"])
+    real_rollout, seen = trainer.rollout, {}
+
+    def rollout(questions, **kw):  # the first question's rows: as if their search had failed
+        trajs, metrics = real_rollout(questions, **kw)
+        for t in trajs:
+            t.num_retrieval_errors = int(t.question.id == questions[0].id)
+            t.num_searches = 1 - t.num_retrieval_errors  # the other question's searches went through
+        return trajs, metrics
+
+    def update(model, opt, batch, algo, **kw):
+        seen["batch"] = batch
+        return real_update(model, opt, batch, algo, **kw)
+
+    real_update = loop.policy_update
+    monkeypatch.setattr(trainer, "rollout", rollout)
+    monkeypatch.setattr(loop, "policy_update", update)
+    metrics, trajs = trainer.train_step()
+    failed = torch.tensor([t.num_retrieval_errors > 0 for t in trajs])
+    assert metrics["rollout/failed_search_trajectories"] == int(failed.sum()) == 4
+    batch = seen["batch"]
+    assert batch.loss_mask_BT[failed].sum() == 0 and batch.advantages_BT[failed].abs().sum() == 0
+    assert batch.loss_mask_BT[~failed].sum() > 0
+    # the other question's advantages are its own group's GRPO figures
+    from sleuth.algo.advantages import grpo_advantages
+
+    kept = [t for t in trajs if not t.num_retrieval_errors]
+    expected = grpo_advantages(torch.tensor([t.reward for t in kept]), [t.group_id for t in kept])
+    last = batch.loss_mask_BT[~failed].float().cumsum(-1).argmax(-1)
+    got = batch.advantages_BT[~failed].gather(1, last[:, None]).squeeze(1)
+    torch.testing.assert_close(got, expected)
+    trainer.logger.log(1, metrics)  # the terminal says so (stderr without the progress bar)
+    assert "step 1: 4 of 8 trajectories had a failed search" in capsys.readouterr().err
+
+
+def test_a_retriever_that_stays_down_stops_the_run_before_any_update(world, tmp_path, monkeypatch):
+    from sleuth.retrieval.base import RetrievalError, RetrieverDownError
+
+    from sleuth.config import load_config
+    from sleuth.train.loop import Trainer
+
+    out = tmp_path / "run"  # the shipped tiny model on its world: it searches about a third of the time
+    cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml", ["data.eval_files=[]", "train.total_steps=2", "train.save_every=1"])
+    trainer = Trainer(cfg, out, progress=False)
+    before = {k: v.clone() for k, v in trainer.policy.state_dict().items()}
+
+    class Down:
+        def search(self, queries, k):
+            raise RetrievalError("http://127.0.0.1:9/retrieve failed after 4 attempt(s) over 120 s: cannot connect")
+
+    trainer.retriever = Down()
+    with pytest.raises(RetrieverDownError) as e:
+        trainer.run()
+    msg = str(e.value)
+    assert "every search of step 1 failed" in msg and "cannot connect" in msg and "--resume" in msg
+    assert all(torch.equal(v, trainer.policy.state_dict()[k]) for k, v in before.items())  # nothing trained
+    assert trainer.optimizer.state == {}
+
+
+def test_train_command_prints_a_retriever_down_error_and_exits_1(world, tmp_path, monkeypatch, capsys):
+    from sleuth.retrieval.base import RetrieverDownError
+    from sleuth.train.loop import Trainer
+
+    def down(self):
+        raise RetrieverDownError("every search of step 3 failed (8 searches; ...). Start or fix the retriever")
+
+    monkeypatch.setattr(Trainer, "run", down)
+    assert main(_args(world, tmp_path / "run", 2)) == 1
+    assert "sleuth: error: every search of step 3 failed" in capsys.readouterr().err
