@@ -1,7 +1,7 @@
 """``sleuth index build`` and ``sleuth search`` (thin: parse -> build/load -> call).
 
     sleuth index build --corpus FILE --kind bm25|dense|hybrid [--encoder NAME_OR_PATH]
-                       [--faiss FACTORY] --out DIR [--json]
+                       [--query-prefix P] [--passage-prefix P] [--faiss FACTORY] --out DIR [--json]
     sleuth search --index DIR | --url URL [--token T] "query" ["query" ...] [-k 3] [--json]
 
 With ``--json`` the last stdout line is one JSON summary object. Progress bars go to stderr.
@@ -10,7 +10,23 @@ With ``--json`` the last stdout line is one JSON summary object. Progress bars g
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+
+
+def add_prefix_flags(p, building: bool) -> None:
+    """``--query-prefix`` / ``--passage-prefix`` (for build, search and serve)."""
+    if building:
+        p.add_argument("--query-prefix", default=None, metavar="TEXT",
+                       help="text put before each query, e.g. 'query: ' for e5 (default: detected from "
+                            "the encoder; '' for none); recorded in the index")
+        p.add_argument("--passage-prefix", default=None, metavar="TEXT",
+                       help="text put before each passage, e.g. 'passage: ' for e5 (default: detected)")
+    else:
+        p.add_argument("--query-prefix", default=None, metavar="TEXT",
+                       help="dense query prefix instead of the one the index was built with (warns if it differs)")
+        p.add_argument("--passage-prefix", default=None, metavar="TEXT",
+                       help="refuse a dense index built with another passage prefix")
 
 
 def register(sub) -> None:
@@ -24,6 +40,7 @@ def register(sub) -> None:
     b.add_argument("--out", required=True, help="index directory to write")
     b.add_argument("--encoder", default=None,
                    help="sentence-transformers name or path (default all-MiniLM-L6-v2)")
+    add_prefix_flags(b, building=True)
     b.add_argument("--faiss", default="Flat", help="faiss factory string, e.g. Flat (exact), HNSW32, SQ8, or PCAR256,SQ6 (1/8 of Flat's memory, recall@3 ~0.96 with MiniLM)")
     b.add_argument("--faiss-search-params", default=None,
                    help="faiss ParameterSpace string, e.g. nprobe=32 (default: chosen per factory)")
@@ -31,7 +48,8 @@ def register(sub) -> None:
     b.add_argument("--batch-size", type=int, default=64, help="encoder batch size")
     b.add_argument("--device", default=None, help="encoder device: cpu, cuda, cuda:N or auto (default)")
     b.add_argument("--skip-bad", action="store_true", help="skip (and count) malformed corpus lines")
-    b.add_argument("--overwrite", action="store_true", help="replace an existing index in --out")
+    b.add_argument("--overwrite", action="store_true",
+                   help="replace an existing Sleuth index in --out (other directories are never written into)")
     b.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     b.set_defaults(func=_build)
 
@@ -50,6 +68,7 @@ def register(sub) -> None:
                    help="rerank the top --rerank-top-n with this cross-encoder (name or path)")
     s.add_argument("--rerank-top-n", type=int, default=20, help="candidates the cross-encoder rescores")
     s.add_argument("--device", default=None, help="encoder device: cpu, cuda, cuda:N or auto (default)")
+    add_prefix_flags(s, building=False)
     s.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     s.set_defaults(func=_search)
 
@@ -65,7 +84,8 @@ def _build(args: argparse.Namespace) -> int:
             args.corpus, args.kind, out, encoder=args.encoder, faiss_factory=args.faiss,
             faiss_search_params=args.faiss_search_params, cache_dir=args.cache_dir,
             skip_bad=args.skip_bad, overwrite=args.overwrite, batch_size=args.batch_size,
-            device=args.device, show_progress=True)
+            device=args.device, show_progress=True, query_prefix=args.query_prefix,
+            passage_prefix=args.passage_prefix)
     except (CorpusError, FileExistsError) as e:
         raise UserError(str(e)) from None
     line = f"built {meta['kind']} index of {meta['n_passages']} passages in {args.out} ({meta['build_seconds']} s)"
@@ -75,10 +95,14 @@ def _build(args: argparse.Namespace) -> int:
         r = meta["recall"]
         line += f"; dense recall@{r['k']} vs exact = {r['value']}"
     print(line)
+    if "encoder" in meta:
+        print(f"encoder {meta['encoder']}: query prefix {meta['query_prefix']!r}, passage prefix "
+              f"{meta['passage_prefix']!r} ({meta['prefix_source']})")
     if args.json:
         print_json_line({"command": "index build", "out": str(args.out), **{k: meta[k] for k in (
             "kind", "n_passages", "build_seconds") }, "n_skipped": meta["corpus"]["n_skipped"],
             "recall": meta.get("recall"), "encoder": meta.get("encoder"),
+            "query_prefix": meta.get("query_prefix"), "passage_prefix": meta.get("passage_prefix"),
             "faiss_factory": meta.get("faiss_factory")})
     return 0
 
@@ -86,13 +110,18 @@ def _build(args: argparse.Namespace) -> int:
 def open_retriever(args: argparse.Namespace):
     """The retriever a ``search`` invocation asks for (an index dir or a server, optionally reranked)."""
     if args.url:
+        from sleuth.cli import UserError
         from sleuth.retrieval.client import RemoteRetriever, env_token
 
+        if args.query_prefix is not None or args.passage_prefix is not None:
+            raise UserError("--query-prefix/--passage-prefix apply to --index; a --url server uses "
+                            "its own index's prefixes (give them to `sleuth serve`)")
         retriever = RemoteRetriever(args.url, token=env_token(args.token))
     else:
         from sleuth.retrieval.index import load_index
 
-        retriever = load_index(args.index, kind=args.kind, device=args.device)
+        retriever = load_index(args.index, kind=args.kind, device=args.device,
+                               query_prefix=args.query_prefix, passage_prefix=args.passage_prefix)
     if args.rerank:
         from sleuth.retrieval.rerank import CrossEncoderReranker
 
@@ -108,8 +137,12 @@ def _search(args: argparse.Namespace) -> int:
     if args.rerank_top_n < 1:
         raise UserError(f"--rerank-top-n must be >= 1, got {args.rerank_top_n}")
     from sleuth.retrieval.base import RetrievalError
+    from sleuth.retrieval.index import describe_prefixes
 
     retriever = open_retriever(args)
+    prefixes = describe_prefixes(retriever)
+    if prefixes:
+        print(prefixes, file=sys.stderr)
     t0 = time.perf_counter()
     try:
         results = retriever.search(list(args.queries), args.k)

@@ -66,8 +66,14 @@ def bm25_for_corpus(corpus: str | Path, *, show_progress: bool = False) -> Retri
 
 
 def build_retriever(cfg: RetrievalConfig, *, show_progress: bool = False) -> Retriever:
-    """``url`` -> HTTP client; ``index_dir`` -> the built index; ``corpus`` -> a cached BM25 index."""
-    if cfg.kind == "url" or (cfg.url and not cfg.index_dir):
+    """``url`` -> HTTP client; ``index_dir`` -> the built index; ``corpus`` -> a cached BM25 index.
+    ``query_prefix``/``passage_prefix`` apply to a dense ``index_dir`` only (refused elsewhere)."""
+    use_url = cfg.kind == "url" or (cfg.url and not cfg.index_dir)
+    prefixes = {"query_prefix": cfg.query_prefix, "passage_prefix": cfg.passage_prefix}
+    if (use_url or not cfg.index_dir) and any(v is not None for v in prefixes.values()):
+        raise ValueError("retrieval.query_prefix/passage_prefix apply to a dense retrieval.index_dir; a url "
+                         "server uses its own index's prefixes and a corpus is indexed with BM25: unset them")
+    if use_url:
         if not cfg.url:
             raise ValueError("retrieval.kind=url needs retrieval.url (e.g. http://127.0.0.1:8000/retrieve)")
         from sleuth.retrieval.client import RemoteRetriever
@@ -77,7 +83,7 @@ def build_retriever(cfg: RetrievalConfig, *, show_progress: bool = False) -> Ret
         from sleuth.retrieval.index import load_index
 
         kind = cfg.kind if cfg.kind in ("bm25", "dense") else None
-        return load_index(cfg.index_dir, kind=kind)
+        return load_index(cfg.index_dir, kind=kind, **prefixes)
     if cfg.corpus:
         if cfg.kind == "memory":
             from sleuth.retrieval.memory import InMemoryRetriever

@@ -2,20 +2,25 @@
 
 Layout of ``<out>/``::
 
-    meta.json        kind, corpus (path, sha256, n passages, skipped lines), encoder, faiss
-                     factory + search params, recall@k vs exact, bytes, build seconds, version
+    sleuth_build.json  written first: marks the directory as a Sleuth build (finished or not)
+    meta.json        kind, corpus (path, sha256, n passages, skipped lines), encoder, its query and
+                     passage prefixes, faiss factory + search params, recall@k vs exact, bytes,
+                     build seconds, version
     corpus/          the corpus store (memory-mapped Arrow; see sleuth.retrieval.corpus)
     bm25/            bm25s index files (kind bm25 | hybrid)
     dense/           faiss.index + sleuth_dense.json (kind dense | hybrid); embeddings/ cache
                      (chunked .npy, reused when a build is rerun or resumed)
 
-``meta.json`` is written last: a directory without it is an unfinished build, and building again
-into it resumes from the embedding cache.
+``meta.json`` is written last: a directory with the marker but without it is an unfinished build,
+and building again into it resumes from the embedding cache. A build deletes nothing but the parts
+above of an earlier Sleuth build of the same directory (:func:`prepare_out`); a finished index is
+replaced only with ``overwrite``, and a non-empty directory that is not a Sleuth build is refused.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -24,7 +29,57 @@ from sleuth.retrieval.base import Retriever
 
 KINDS = ("bm25", "dense", "hybrid")
 META_FILE = "meta.json"
+BUILD_MARKER = "sleuth_build.json"
 FORMAT_VERSION = 1
+REPLACED_PARTS = ("corpus", "bm25", "dense/faiss.index", "dense/sleuth_dense.json", META_FILE)
+"""What a build of a directory replaces (the embedding cache ``dense/embeddings`` is reused)."""
+
+
+def _is_sleuth_meta(path: Path) -> bool:
+    """Whether ``path`` is the meta.json of a Sleuth index (not some other tool's meta.json)."""
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and meta.get("kind") in KINDS and "format_version" in meta
+
+
+def prepare_out(out: Path, corpus: str | Path, kind: str, overwrite: bool) -> None:
+    """Make ``out`` ready for a build, deleting nothing that is not Sleuth's.
+
+    A missing or empty directory is used as is. A Sleuth index (``meta.json``) is replaced only
+    with ``overwrite``; an unfinished Sleuth build (the marker, no meta) is resumed. Any other
+    non-empty directory is refused, as is a ``corpus`` that lies inside a part that would be
+    replaced. Raises FileExistsError naming the directory and what to do.
+    """
+    if out.is_dir() and any(out.iterdir()):
+        finished = (out / META_FILE).exists()
+        if not (_is_sleuth_meta(out / META_FILE) or (out / BUILD_MARKER).is_file()):
+            held = ", ".join(sorted(p.name for p in out.iterdir())[:3])
+            raise FileExistsError(
+                f"--out {out} is not empty (it holds {held} ...) and is not a Sleuth index; nothing in "
+                "it was touched. Give a new or empty directory as --out (--overwrite only replaces a "
+                "Sleuth index)")
+        if finished and not overwrite:
+            raise FileExistsError(f"{out} already holds an index ({META_FILE}); "
+                                  "choose another --out or pass overwrite (--overwrite)")
+        sources = {Path(os.path.abspath(corpus)), Path(corpus).resolve()}  # the path as given, and its target
+        for part in REPLACED_PARTS:
+            replaced = {Path(os.path.abspath(out / part)), (out / part).resolve()}
+            if any(s.is_relative_to(r) for s in sources for r in replaced):
+                raise FileExistsError(
+                    f"--corpus {corpus} lies inside {out / part}, which building into --out {out} "
+                    f"replaces; move the corpus out of {out / part} or choose another --out")
+        for part in REPLACED_PARTS:
+            path = out / part
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink(missing_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / BUILD_MARKER).write_text(json.dumps(
+        {"format_version": FORMAT_VERSION, "kind": kind, "corpus": str(Path(corpus).resolve()),
+         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=2))
 
 
 def build_index(
@@ -43,6 +98,8 @@ def build_index(
     batch_size: int = 64,
     device: str | None = None,
     show_progress: bool = True,
+    query_prefix: str | None = None,
+    passage_prefix: str | None = None,
 ) -> dict:
     """Ingest ``corpus`` (jsonl) and build a ``kind`` index in ``out``; return the meta dict.
 
@@ -50,6 +107,8 @@ def build_index(
     factory string; ``cache_dir`` holds the embedding chunks (default ``out/dense/embeddings``).
     ``recall_queries`` are used to measure an approximate index's recall (default: sampled
     passage openings). ``skip_bad`` skips and counts malformed corpus lines instead of failing.
+    ``query_prefix``/``passage_prefix`` override the encoder's detected prefixes (None: detect).
+    ``out`` must be new, empty or an earlier Sleuth build (:func:`prepare_out`).
     """
     from sleuth import __version__
     from sleuth.device import check_device
@@ -59,17 +118,12 @@ def build_index(
 
     if kind not in KINDS:
         raise ValueError(f"index kind must be one of {KINDS}, got {kind!r}")
+    if kind == "bm25" and (query_prefix is not None or passage_prefix is not None):
+        raise ValueError("--query-prefix/--passage-prefix apply to dense and hybrid indexes, not bm25")
     if kind != "bm25":
         check_device(device)  # before the ingest, not after it
     out = Path(out)
-    if (out / META_FILE).exists():
-        if not overwrite:
-            raise FileExistsError(f"{out} already holds an index ({META_FILE}); "
-                                  "choose another --out or pass overwrite (--overwrite)")
-        (out / META_FILE).unlink()
-    for sub in ("corpus", "bm25"):
-        shutil.rmtree(out / sub, ignore_errors=True)
-    (out / "dense" / "faiss.index").unlink(missing_ok=True)
+    prepare_out(out, corpus, kind, overwrite)
     t0 = time.perf_counter()
     stats = ingest_jsonl(corpus, out / "corpus", skip_bad=skip_bad, show_progress=show_progress)
     store = CorpusStore(out / "corpus")
@@ -86,8 +140,10 @@ def build_index(
         meta["dense"] = build_dense(
             store, out / "dense", encoder=encoder, factory=faiss_factory,
             search_params=faiss_search_params, cache_dir=cache_dir, recall_queries=recall_queries,
-            batch_size=batch_size, device=device, show_progress=show_progress)
-        for key in ("encoder", "faiss_factory", "faiss_search_params", "recall"):
+            batch_size=batch_size, device=device, show_progress=show_progress,
+            query_prefix=query_prefix, passage_prefix=passage_prefix)
+        for key in ("encoder", "query_prefix", "passage_prefix", "prefix_source", "faiss_factory",
+                    "faiss_search_params", "recall"):
             meta[key] = meta["dense"][key]
     meta["build_seconds"] = round(time.perf_counter() - t0, 2)
     meta["created"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
@@ -114,11 +170,14 @@ def read_meta(index_dir: str | Path) -> dict:
     return meta
 
 
-def load_index(index_dir: str | Path, *, kind: str | None = None, device: str | None = None) -> Retriever:
+def load_index(index_dir: str | Path, *, kind: str | None = None, device: str | None = None,
+               query_prefix: str | None = None, passage_prefix: str | None = None) -> Retriever:
     """Open an index directory as a ``Retriever``.
 
     ``kind`` may pick one side of a hybrid index (``bm25`` or ``dense``); by default the kind it
     was built as. ``device`` is the encoder's torch device (default: sentence-transformers' choice).
+    Dense queries get the prefix the index was built with; ``query_prefix`` overrides it (with a
+    warning when it differs), and a ``passage_prefix`` other than the built one is refused.
     """
     from sleuth.device import check_device
     from sleuth.retrieval.base import IndexFileError
@@ -130,10 +189,13 @@ def load_index(index_dir: str | Path, *, kind: str | None = None, device: str | 
     kind = kind or built
     if kind not in KINDS or (built != "hybrid" and kind != built):
         raise ValueError(f"index {index_dir} was built as {built!r}; cannot open it as {kind!r}")
+    if kind == "bm25" and (query_prefix is not None or passage_prefix is not None):
+        raise ValueError(f"index {index_dir} is opened as bm25: a query/passage prefix "
+                         "(--query-prefix, --passage-prefix, retrieval.*_prefix) applies to dense indexes only")
     if kind != "bm25":
         check_device(device)  # before the corpus store and the index files are read
     try:
-        sparse, dense = _open_parts(index_dir, kind, device)
+        sparse, dense = _open_parts(index_dir, kind, device, query_prefix, passage_prefix)
     except (IndexFileError, CorpusError) as e:
         corpus = meta.get("corpus", {}).get("path", "CORPUS.jsonl")
         raise IndexFileError(
@@ -146,7 +208,8 @@ def load_index(index_dir: str | Path, *, kind: str | None = None, device: str | 
     return sparse if sparse is not None else dense
 
 
-def _open_parts(index_dir: Path, kind: str, device: str | None):
+def _open_parts(index_dir: Path, kind: str, device: str | None, query_prefix: str | None,
+                passage_prefix: str | None):
     """``(bm25 retriever or None, dense retriever or None)`` over the index's corpus store."""
     from sleuth.retrieval.corpus import CorpusStore
 
@@ -159,5 +222,21 @@ def _open_parts(index_dir: Path, kind: str, device: str | None):
     if kind in ("dense", "hybrid"):
         from sleuth.retrieval.dense import DenseRetriever
 
-        dense = DenseRetriever(index_dir / "dense", store, device=device)
+        dense = DenseRetriever(index_dir / "dense", store, device=device, query_prefix=query_prefix,
+                               passage_prefix=passage_prefix)
     return sparse, dense
+
+
+def describe_prefixes(retriever) -> str | None:
+    """A line naming the dense encoder and the prefixes a retriever searches with (None when it
+    has no dense part): printed when ``sleuth search`` / ``sleuth serve`` start."""
+    from sleuth.retrieval.dense import DenseRetriever
+
+    dense = getattr(retriever, "base", retriever)  # a reranker wraps its base retriever
+    dense = getattr(dense, "dense", dense)  # a hybrid holds its dense side
+    if not isinstance(dense, DenseRetriever):
+        return None
+    built = dense.params["query_prefix"]
+    how = "as built" if dense.query_prefix == built else f"overridden; the index was built with {built!r}"
+    return (f"dense encoder {dense.params['encoder']}: query prefix {dense.query_prefix!r} ({how}), "
+            f"passage prefix {dense.passage_prefix!r}")

@@ -102,6 +102,8 @@ def _load_retriever(args, tmp_dir: str):
     if args.corpus:
         from sleuth.retrieval.corpus import CorpusError
 
+        if args.query_prefix is not None or args.passage_prefix is not None:
+            raise UserError("--query-prefix/--passage-prefix apply to a dense --index; --corpus serves BM25")
         print(f"building a BM25 index of {args.corpus} (temporary; use `sleuth index build` to keep one)",
               file=sys.stderr)
         try:
@@ -109,11 +111,13 @@ def _load_retriever(args, tmp_dir: str):
         except CorpusError as e:
             raise UserError(str(e)) from None
         return load_index(tmp_dir)
-    return load_index(args.index, kind=args.kind, device=args.device)
+    return load_index(args.index, kind=args.kind, device=args.device, query_prefix=args.query_prefix,
+                      passage_prefix=args.passage_prefix)
 
 
 def _serve(args) -> int:
     from sleuth.cli import UserError
+    from sleuth.retrieval.index import describe_prefixes
     from sleuth.retrieval.server import ServerLimits, make_app
 
     if not 0 <= args.port <= 65535:
@@ -124,10 +128,14 @@ def _serve(args) -> int:
               f"(set --token or {TOKEN_ENV})", file=sys.stderr)
     limits = ServerLimits(
         max_queries=args.max_queries, max_topk=args.max_topk, default_topk=args.topk,
-        cache_size=args.cache_size, batching=not args.no_batching,
+        cache_size=args.cache_size, cache_bytes=int(args.cache_mb * 2**20),
+        body_timeout_s=args.body_timeout, batching=not args.no_batching,
     )
     with tempfile.TemporaryDirectory(prefix="sleuth-serve-") as tmp_dir:
         retriever = _load_retriever(args, tmp_dir)
+        prefixes = describe_prefixes(retriever)
+        if prefixes:
+            print(prefixes, file=sys.stderr)
         # uvicorn stops on SIGINT/SIGTERM and then re-raises the signal; turn both into a clean exit.
         signal.signal(signal.SIGTERM, _interrupt)
         try:
@@ -146,12 +154,15 @@ def _interrupt(signum, frame) -> None:
 
 def register(sub) -> None:
     """Add ``sleuth serve``."""
+    from sleuth.retrieval.cli import add_prefix_flags
+
     p = sub.add_parser("serve", help="serve an index over HTTP (Search-R1 /retrieve contract)")
     p.add_argument("--index", metavar="DIR", help="index directory written by `sleuth index build`")
     p.add_argument("--corpus", metavar="FILE", help="or: a jsonl corpus to BM25-index on the fly (temporary)")
     p.add_argument("--kind", default=None, choices=["bm25", "dense", "hybrid"],
                    help="open one side of a hybrid index")
     p.add_argument("--device", default=None, help="encoder device for dense indexes, e.g. cpu or cuda")
+    add_prefix_flags(p, building=False)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     p.add_argument("--port", type=int, default=8000, help="TCP port (0 = pick a free one; default 8000)")
     p.add_argument("--token", default=None, help=f"require 'Authorization: Bearer T' (default: ${TOKEN_ENV})")
@@ -159,5 +170,9 @@ def register(sub) -> None:
     p.add_argument("--max-queries", type=int, default=1024, help="queries allowed in one request")
     p.add_argument("--max-topk", type=int, default=100, help="largest topk a request may ask for")
     p.add_argument("--cache-size", type=int, default=10000, help="server LRU entries (0 = off)")
+    p.add_argument("--cache-mb", type=float, default=256,
+                   help="memory the server cache may hold, in MiB (approximate; 0 = off; default 256)")
+    p.add_argument("--body-timeout", type=float, default=30.0, metavar="SECONDS",
+                   help="seconds a client has to send its request body; slower ones get 408 (default 30)")
     p.add_argument("--no-batching", action="store_true", help="one retriever call per request")
     p.set_defaults(func=_serve)

@@ -8,12 +8,18 @@ query, or bare documents ``[[{"id", "contents"}, ...], ...]`` when ``return_scor
 ``"Title"\\ntext``. Also ``GET /health`` (no auth) and ``GET /stats``.
 
 Where this departs from Search-R1's server: inputs are checked (types, sizes, empty queries) and
-rejected with a 4xx that says what to fix; an optional bearer token; a server-side LRU cache;
-searches run off the event loop (threadpool), and with ``batching`` on, queries from concurrent
-requests are merged into one retriever call by a greedy micro-batcher: at most ``batch_workers``
-retriever calls run at once; requests that arrive while they are busy queue and go together in
-the next call (no added wait at low load). ``batch_workers=1`` means the retriever need not be
-thread-safe; 2 lets numpy/faiss/arrow code that releases the GIL use a second core.
+rejected with a 4xx that says what to fix; ``POST /retrieve`` takes ``Content-Type:
+application/json`` only (415 otherwise: a web page cannot send that header to another origin
+without a CORS preflight, which this server never grants, so a page cannot drive a tokenless
+loopback server); a body that does not arrive within ``body_timeout_s`` gets 408; a client that
+closes the connection before its body is read is counted in ``/stats`` (``client_disconnects``)
+and not logged; an optional bearer token; a server-side LRU cache bounded by entries and by
+(approximate) bytes (``sleuth serve --cache-mb``, default 256); searches run off the event loop
+(threadpool), and with ``batching`` on, queries from concurrent requests are merged into one
+retriever call by a greedy micro-batcher: at most ``batch_workers`` retriever calls run at once;
+requests that arrive while they are busy queue and go together in the next call (no added wait
+at low load). ``batch_workers=1`` means the retriever need not be thread-safe; 2 lets
+numpy/faiss/arrow code that releases the GIL use a second core.
 """
 
 from __future__ import annotations
@@ -23,16 +29,17 @@ import hmac
 import json
 import logging
 import math
+import sys
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 from fastapi import FastAPI, HTTPException, Request, Response
 from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 
 from sleuth.retrieval.base import Retriever
-from sleuth.retrieval.client import LRUCache
 from sleuth.types import Passage
 
 log = logging.getLogger(__name__)
@@ -56,6 +63,10 @@ class ServerLimits:
     """Request body size (more -> 413)."""
     cache_size: int = 10000
     """LRU entries of (query, k) -> passages; 0 disables the cache."""
+    cache_bytes: int = 256 * 2**20
+    """Approximate memory the cache may hold (``sleuth serve --cache-mb``); 0 disables the cache."""
+    body_timeout_s: float = 30.0
+    """Seconds a client has to send its whole request body (slower -> 408)."""
     batching: bool = True
     """Merge queries of concurrent requests into one retriever call."""
     max_batch_queries: int = 2048
@@ -72,6 +83,10 @@ class ServerLimits:
             raise ValueError(f"default topk {self.default_topk} must be between 1 and max_topk={self.max_topk}")
         if self.cache_size < 0:
             raise ValueError(f"cache_size must be >= 0, got {self.cache_size}")
+        if self.cache_bytes < 0:
+            raise ValueError(f"cache_bytes (--cache-mb) must be >= 0, got {self.cache_bytes}")
+        if not self.body_timeout_s > 0:
+            raise ValueError(f"body_timeout_s (--body-timeout) must be > 0 seconds, got {self.body_timeout_s}")
 
 
 class ServerStats:
@@ -81,6 +96,7 @@ class ServerStats:
         self.started = time.monotonic()
         self.requests = self.queries = self.errors = self.server_errors = self.cache_hits = 0
         self.batches = self.batched_queries = 0
+        self.client_disconnects = 0
         self.latencies_s: deque[float] = deque(maxlen=window)
 
     def snapshot(self) -> dict:
@@ -99,10 +115,59 @@ class ServerStats:
             "errors": self.errors,  # every 4xx and 5xx answer of /retrieve
             "server_errors": self.server_errors,  # the 5xx among them (retriever failures)
             "cache_hits": self.cache_hits,
+            "client_disconnects": self.client_disconnects,  # clients gone before their body was read
             "retriever_calls": self.batches,
             "mean_batch_queries": round(self.batched_queries / self.batches, 2) if self.batches else 0.0,
             "latency_ms": {"p50": pct(50), "p90": pct(90), "p99": pct(99)},
         }
+
+
+PASSAGE_OVERHEAD_BYTES = 200
+"""Memory of a cached ``Passage`` besides its strings: the object, its attribute dict, the score,
+the list slot (measured ~190 bytes on CPython 3.11)."""
+
+
+def result_nbytes(key: tuple[str, int], passages: list[Passage]) -> int:
+    """Approximate memory of one cache entry: its strings' sizes plus a fixed overhead per passage."""
+    n = sys.getsizeof(key[0]) + 64 + PASSAGE_OVERHEAD_BYTES * len(passages)
+    for p in passages:
+        n += sys.getsizeof(p.id) + sys.getsizeof(p.title) + sys.getsizeof(p.text)
+        if p.raw_contents is not None:
+            n += sys.getsizeof(p.raw_contents)
+    return n
+
+
+class ResultCache:
+    """LRU map of ``(query, k) -> passages`` bounded by entries and by approximate bytes
+    (:func:`result_nbytes`); either bound 0 disables it. Used from the event loop only (no lock).
+    An entry larger than the whole byte budget is not kept."""
+
+    def __init__(self, max_entries: int, max_bytes: int):
+        self.max_entries, self.max_bytes = max_entries, max_bytes
+        self.nbytes = 0
+        self._data: OrderedDict[tuple[str, int], tuple[list[Passage], int]] = OrderedDict()
+
+    def get(self, key: tuple[str, int]) -> list[Passage] | None:
+        item = self._data.get(key)
+        if item is None:
+            return None
+        self._data.move_to_end(key)
+        return item[0]
+
+    def put(self, key: tuple[str, int], passages: list[Passage]) -> None:
+        size = result_nbytes(key, passages)
+        if self.max_entries <= 0 or size > self.max_bytes:
+            return
+        old = self._data.pop(key, None)
+        if old is not None:
+            self.nbytes -= old[1]
+        self._data[key] = (passages, size)
+        self.nbytes += size
+        while len(self._data) > self.max_entries or self.nbytes > self.max_bytes:
+            self.nbytes -= self._data.popitem(last=False)[1][1]
+
+    def __len__(self) -> int:
+        return len(self._data)
 
 
 class RetrieveRequest(BaseModel):
@@ -121,7 +186,7 @@ class SearchService:
         self.retriever = retriever
         self.limits = limits
         self.stats = stats
-        self.cache = LRUCache(limits.cache_size)
+        self.cache = ResultCache(limits.cache_size, limits.cache_bytes)
         self._pending: deque[tuple[list[str], int, asyncio.Future]] = deque()
         self._workers: set[asyncio.Task] = set()
 
@@ -253,19 +318,37 @@ def validate(req: RetrieveRequest, limits: ServerLimits) -> int:
     return k
 
 
-async def read_body(request: Request, limit: int) -> bytes:
+def check_content_type(request: Request) -> None:
+    """415 unless the body is declared JSON. Browsers send ``text/plain`` or form types to another
+    origin without asking it first; ``application/json`` needs a CORS preflight that is never granted."""
+    got = request.headers.get("content-type", "")
+    if got.split(";")[0].strip().lower() != "application/json":
+        raise HTTPException(415, f"Content-Type must be application/json, got {got or 'none'!r}; "
+                                 f"send the JSON body with 'Content-Type: application/json' ({USAGE})")
+
+
+async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
     """The request body, refused with 413 as soon as it passes ``limit`` bytes (also when it
-    comes chunked, without a Content-Length)."""
+    comes chunked, without a Content-Length), and with 408 when all of it has not arrived within
+    ``timeout_s`` seconds. A client that hangs up mid-body raises starlette's ``ClientDisconnect``."""
     size = request.headers.get("content-length")
     if size is not None and size.isdigit() and int(size) > limit:
         raise HTTPException(413, f"body of {size} bytes; the limit is {limit}")
-    chunks, n = [], 0
-    async for chunk in request.stream():
-        n += len(chunk)
-        if n > limit:
-            raise HTTPException(413, f"body larger than the limit of {limit} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+
+    async def read() -> bytes:
+        chunks, n = [], 0
+        async for chunk in request.stream():
+            n += len(chunk)
+            if n > limit:
+                raise HTTPException(413, f"body larger than the limit of {limit} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    try:
+        return await asyncio.wait_for(read(), timeout_s)
+    except asyncio.TimeoutError:
+        raise HTTPException(408, f"the request body did not arrive within {timeout_s:g} s; "
+                                 "send the whole body at once") from None
 
 
 def make_app(retriever: Retriever, *, token: str | None = None, limits: ServerLimits | None = None) -> FastAPI:
@@ -294,7 +377,7 @@ def make_app(retriever: Retriever, *, token: str | None = None, limits: ServerLi
     @app.get("/stats")
     async def get_stats(request: Request) -> dict:
         check_auth(request)
-        return stats.snapshot() | {"cache_entries": len(service.cache)}
+        return stats.snapshot() | {"cache_entries": len(service.cache), "cache_bytes": service.cache.nbytes}
 
     @app.post("/retrieve")
     async def retrieve(request: Request) -> Response:
@@ -302,7 +385,12 @@ def make_app(retriever: Retriever, *, token: str | None = None, limits: ServerLi
         stats.requests += 1
         try:
             check_auth(request)
-            body = await read_body(request, limits.max_body_bytes)
+            check_content_type(request)
+            try:
+                body = await read_body(request, limits.max_body_bytes, limits.body_timeout_s)
+            except ClientDisconnect:  # nobody to answer, and nothing to log: count it for /stats
+                stats.client_disconnects += 1
+                return Response(status_code=400)
             try:
                 req = RetrieveRequest.model_validate_json(body)
             except ValidationError as e:

@@ -174,3 +174,60 @@ def test_search_url_sends_the_token(run, monkeypatch):
         monkeypatch.setenv("SLEUTH_RETRIEVAL_TOKEN", "T0k")
         rc, out, _ = run("search", "--url", st.url, "Paris")
         assert rc == 0 and "[p0] Paris" in out
+
+
+def test_build_refuses_a_directory_that_is_not_an_index_and_touches_nothing(run, corpus, tmp_path):
+    """The issue's case: ``--corpus p/corpus/x.jsonl --out p`` deleted x.jsonl (and any corpus/,
+    bm25/, dense/faiss.index of a directory that was not an index)."""
+    p = tmp_path / "p"
+    (p / "corpus").mkdir(parents=True)
+    (p / "bm25").mkdir()
+    (p / "dense").mkdir()
+    x = p / "corpus" / "x.jsonl"
+    x.write_bytes(corpus.read_bytes())
+    (p / "bm25" / "notes.txt").write_text("mine")
+    (p / "dense" / "faiss.index").write_text("also mine")
+    before = {f: f.read_bytes() for f in p.rglob("*") if f.is_file()}
+    for extra in ([], ["--overwrite"]):
+        rc, _, err = run("index", "build", "--corpus", x, "--kind", "bm25", "--out", p, *extra)
+        assert rc == 2 and f"--out {p} is not empty" in err and "not a Sleuth index" in err
+        assert "new or empty directory" in err
+        assert {f: f.read_bytes() for f in p.rglob("*") if f.is_file()} == before  # all survive
+
+
+def test_build_refuses_other_tools_meta_json_even_with_overwrite(run, corpus, tmp_path):
+    d = tmp_path / "d"
+    (d / "corpus").mkdir(parents=True)
+    (d / "meta.json").write_text('{"name": "someone else\'s dataset"}')
+    (d / "corpus" / "data.bin").write_bytes(b"precious")
+    rc, _, err = run("index", "build", "--corpus", corpus, "--kind", "bm25", "--out", d, "--overwrite")
+    assert rc == 2 and "not a Sleuth index" in err
+    assert (d / "corpus" / "data.bin").read_bytes() == b"precious" and "someone" in (d / "meta.json").read_text()
+
+
+def test_overwrite_replaces_only_the_index_and_refuses_a_corpus_inside_it(run, corpus, tmp_path):
+    idx = tmp_path / "idx"
+    assert run("index", "build", "--corpus", corpus, "--kind", "bm25", "--out", idx)[0] == 0
+    (idx / "notes.txt").write_text("keep me")  # the user's file beside the index
+    inside = idx / "corpus" / "src.jsonl"
+    inside.write_bytes(corpus.read_bytes())
+    rc, _, err = run("index", "build", "--corpus", inside, "--kind", "bm25", "--out", idx, "--overwrite")
+    assert rc == 2 and f"--corpus {inside} lies inside {idx / 'corpus'}" in err and "choose another --out" in err
+    assert inside.read_bytes() == corpus.read_bytes()
+    assert run("search", "--index", idx, "capital of Italy")[0] == 0  # the index was not touched
+    beside = idx / "src.jsonl"  # outside the replaced parts: fine
+    inside.rename(beside)
+    assert run("index", "build", "--corpus", beside, "--kind", "bm25", "--out", idx, "--overwrite")[0] == 0
+    assert (idx / "notes.txt").read_text() == "keep me" and beside.is_file()
+    rc, out, _ = run("search", "--index", idx, "capital of Italy")
+    assert rc == 0 and "1. [it] Italy" in out
+
+
+def test_unfinished_build_is_resumed_and_an_empty_directory_is_used(run, corpus, tmp_path):
+    idx = tmp_path / "idx"
+    assert run("index", "build", "--corpus", corpus, "--kind", "bm25", "--out", idx)[0] == 0
+    (idx / "meta.json").unlink()  # as if the build had been killed before its end
+    assert run("index", "build", "--corpus", corpus, "--kind", "bm25", "--out", idx)[0] == 0
+    (tmp_path / "empty").mkdir()
+    assert run("index", "build", "--corpus", corpus, "--kind", "bm25", "--out", tmp_path / "empty")[0] == 0
+    assert run("search", "--index", tmp_path / "empty", "Tokyo")[0] == 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import threading
 import time
@@ -68,9 +69,12 @@ def wait_queued(app, n, timeout_s=10.0):
 HTTP = httpx.Client(timeout=30)
 
 
+JSON = {"content-type": "application/json"}
+
+
 def post(url, body, **kw):
-    if isinstance(body, (bytes, str)):
-        return HTTP.post(url + "/retrieve", content=body, **kw)
+    if isinstance(body, (bytes, str)):  # raw bodies are declared JSON unless a test says otherwise
+        return HTTP.post(url + "/retrieve", content=body, **{"headers": JSON} | kw)
     return HTTP.post(url + "/retrieve", json=body, **kw)
 
 
@@ -150,7 +154,7 @@ def test_chunked_body_over_the_limit_is_413(server):
             yield b'"aaaa", '
         yield b'"a"]}'
 
-    r = HTTP.post(server.url + "/retrieve", content=chunks())
+    r = HTTP.post(server.url + "/retrieve", content=chunks(), headers=JSON)
     assert r.status_code == 413 and "limit of 4096 bytes" in r.json()["detail"]
     assert post(server.url, {"queries": ["Paris"], "topk": 1}).status_code == 200
 
@@ -285,3 +289,143 @@ def test_fifty_concurrent_clients_zero_failures(batching):
     want = [ps[0].id for ps in retriever.search(queries, 1)]
     assert [r.json()["result"][0][0]["document"]["id"] for r in responses] == want
     assert stats["requests"] == 50 and stats["errors"] == 0
+
+
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded",
+                                          "multipart/form-data; boundary=x"])
+def test_body_not_declared_json_is_415_and_never_searched(content_type):
+    """What a web page may send to another origin without a CORS preflight is refused, so a page
+    cannot drive a tokenless loopback server (CSRF)."""
+    retriever = RecordingRetriever()
+    with ServerThread(make_app(retriever)) as st:
+        headers = {} if content_type is None else {"content-type": content_type}
+        r = HTTP.post(st.url + "/retrieve", content=b'{"queries": ["Paris"]}', headers=headers)
+        assert r.status_code == 415, r.text
+        assert "Content-Type must be application/json" in r.json()["detail"]
+        assert repr(content_type or "none") in r.json()["detail"]
+        assert retriever.calls == []
+        for ok in ("application/json; charset=utf-8", "Application/JSON"):
+            r = HTTP.post(st.url + "/retrieve", content=b'{"queries": ["Paris"], "topk": 1}',
+                          headers={"content-type": ok})
+            assert r.status_code == 200 and r.json()["result"][0][0]["id"] == "p0"
+        assert HTTP.get(st.url + "/stats").json()["errors"] == 1
+
+
+class UvicornRecords(logging.Handler):
+    """Collects what uvicorn logs (its loggers do not propagate to pytest's caplog)."""
+
+    def __init__(self):
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+    def __enter__(self):
+        logging.getLogger("uvicorn.error").addHandler(self)
+        return self
+
+    def __exit__(self, *exc):
+        logging.getLogger("uvicorn.error").removeHandler(self)
+
+
+def raw_request(port: int, head_extra: bytes, body: bytes) -> socket.socket:
+    """A loopback connection that sent a /retrieve request head and ``body`` (maybe partial)."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)  # timeout: a hang guard only
+    sock.sendall(b"POST /retrieve HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                 + head_extra + b"\r\n" + body)
+    return sock
+
+
+def wait_stats(url, key, want, timeout_s=10.0):
+    """Poll /stats until ``key`` reaches ``want`` (bounded); return the last snapshot."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        s = HTTP.get(url + "/stats").json()
+        if s[key] >= want or time.monotonic() > deadline:
+            return s
+        time.sleep(0.02)
+
+
+def test_client_hanging_up_mid_body_is_counted_quietly():
+    with ServerThread(make_app(InMemoryRetriever(TOY))) as st, UvicornRecords() as logged:
+        for _ in range(3):
+            raw_request(st.port, b"Content-Length: 1000\r\n", b'{"queries": ["Par').close()
+        s = wait_stats(st.url, "client_disconnects", 3)
+        assert post(st.url, {"queries": ["Paris"], "topk": 1}).status_code == 200  # still serving
+    assert s["client_disconnects"] == 3 and s["errors"] == 0 and s["server_errors"] == 0
+    assert [r.getMessage() for r in logged.records if r.levelno >= logging.WARNING] == []
+
+
+def test_slow_body_is_answered_408():
+    limits = ServerLimits(body_timeout_s=0.3)
+    with ServerThread(make_app(InMemoryRetriever(TOY), limits=limits)) as st:
+        sock = raw_request(st.port, b"Content-Length: 100\r\n", b'{"queries": ')  # and nothing more
+        reply = b""
+        with sock:
+            while b"}" not in reply:  # the JSON error body ends with '}'
+                chunk = sock.recv(4096)
+                if not chunk:
+                    break
+                reply += chunk
+        assert reply.startswith(b"HTTP/1.1 408"), reply
+        assert b"did not arrive within 0.3 s" in reply
+        assert HTTP.get(st.url + "/stats").json()["errors"] == 1
+        assert post(st.url, {"queries": ["Paris"], "topk": 1}).status_code == 200
+    with pytest.raises(ValueError, match="--body-timeout"):
+        ServerLimits(body_timeout_s=0)
+
+
+class BigRetriever:
+    """k passages of ~10 KB per query; counts calls."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def search(self, queries, k):
+        self.calls += 1
+        return [[Passage(f"{q}-{i}", f"T {q}", "x" * 10_000 + q) for i in range(k)] for q in queries]
+
+
+def test_cache_is_bounded_in_bytes_not_only_entries():
+    """topk=100 requests filled a 10,000-entry cache with 1.8 GB; the byte bound holds whatever k is."""
+    retriever = BigRetriever()
+    limits = ServerLimits(cache_size=10_000, cache_bytes=200_000)  # ~4 entries of 5 x 10 KB
+    with ServerThread(make_app(retriever, limits=limits)) as st:
+        for i in range(30):
+            assert post(st.url, {"queries": [f"q{i}"], "topk": 5}).status_code == 200
+        s = HTTP.get(st.url + "/stats").json()
+        assert 0 < s["cache_bytes"] <= 200_000 and 0 < s["cache_entries"] < 30
+        calls = retriever.calls
+        post(st.url, {"queries": ["q29"], "topk": 5})  # the newest entry is kept
+        assert retriever.calls == calls
+        post(st.url, {"queries": ["q0"], "topk": 5})  # the oldest was evicted
+        assert retriever.calls == calls + 1
+        post(st.url, {"queries": ["huge"], "topk": 50})  # ~500 KB: larger than the budget, not kept
+        s = HTTP.get(st.url + "/stats").json()
+        assert s["cache_bytes"] <= 200_000 and s["cache_entries"] > 0
+    with pytest.raises(ValueError, match="--cache-mb"):
+        ServerLimits(cache_bytes=-1)
+
+
+def test_cache_byte_estimate_tracks_real_memory():
+    """The estimate is what the cached passages really keep alive, within a factor of 1.5."""
+    import gc
+    import tracemalloc
+
+    from sleuth.retrieval.server import ResultCache
+
+    cache = ResultCache(max_entries=10**6, max_bytes=2**40)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        for i in range(500):
+            q = f"query number {i}"
+            cache.put((q, 5), [Passage(f"id{i}-{j}", f"Title {i} {j}", f"text {i} {j} " * 40, 1.5)
+                               for j in range(5)])
+        real = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    assert len(cache) == 500
+    assert real / 1.5 <= cache.nbytes <= real * 1.5, (cache.nbytes, real)

@@ -43,6 +43,14 @@ def test_argument_errors_exit_2_with_a_message(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
     assert main(["serve", "--index", str(tmp_path), "--topk", "0"]) == 2
     assert "default topk" in capsys.readouterr().err
+    assert main(["serve", "--index", str(tmp_path), "--body-timeout", "0"]) == 2
+    assert "--body-timeout) must be > 0" in capsys.readouterr().err
+    assert main(["serve", "--index", str(tmp_path), "--cache-mb", "-1"]) == 2
+    assert "--cache-mb) must be >= 0" in capsys.readouterr().err
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text(json.dumps(ROWS[0]) + "\n")
+    assert main(["serve", "--corpus", str(corpus), "--query-prefix", "query: "]) == 2
+    assert "--query-prefix/--passage-prefix apply to a dense --index" in capsys.readouterr().err
 
 
 def test_serve_a_corpus_over_loopback_with_a_token(tmp_path):
@@ -50,7 +58,8 @@ def test_serve_a_corpus_over_loopback_with_a_token(tmp_path):
     corpus.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     env = os.environ | {"SLEUTH_RETRIEVAL_TOKEN": "tok", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sleuth", "serve", "--corpus", str(corpus), "--port", "0"],
+        [sys.executable, "-m", "sleuth", "serve", "--corpus", str(corpus), "--port", "0",
+         "--cache-mb", "16", "--body-timeout", "20"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )
     try:
