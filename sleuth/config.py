@@ -50,7 +50,8 @@ class DataConfig:
     world_entities: int = 600
     """Size of the embedded toy world (entities; ``generate_world(n_entities=...)``)."""
     limit: int | None = None
-    """Use at most this many questions per file (None = all)."""
+    """Use the first N questions of each data source of each file, in file order (None = all); a
+    merged file such as Search-R1's test.parquet gives N of each of its datasets."""
     shuffle: bool = True
     """Shuffle training questions each epoch (seeded by train.seed)."""
 
@@ -188,7 +189,8 @@ class TrainConfig:
     eval_every: int = 0
     """Evaluate every N steps (0 = only at the end)."""
     eval_limit: int | None = None
-    """Evaluate on at most this many questions of each eval file during training (None = all)."""
+    """Evaluate during training on the first N questions of each data source of each eval file
+    (None = all)."""
     keep_checkpoints: int = 2
     """Complete checkpoints kept on disk (older ones are deleted)."""
     on_collapse: str = "warn"

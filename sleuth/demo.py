@@ -166,12 +166,13 @@ def try_commands(out: Path, question: str) -> list[str]:
 
 
 def _run(args) -> int:
-    from sleuth.cli import UserError, print_json_line
+    from sleuth.cli import UserError, output_dir, print_json_line
 
     for flag, value in (("--steps", args.steps), ("--eval-limit", args.eval_limit)):
         if value is not None and value < 1:
             raise UserError(f"{flag} must be >= 1, got {value}")
-    result = run_demo(Path(args.out), steps=args.steps, seed=args.seed, world_seed=args.world_seed,
+    out = output_dir(args.out)  # an existing file is refused, naming it, before any work
+    result = run_demo(out, steps=args.steps, seed=args.seed, world_seed=args.world_seed,
                       world_entities=args.world_entities, model=args.model,
                       eval_limit=args.eval_limit, progress=not args.json, ablation=not args.no_ablation,
                       overrides=args.set)

@@ -36,7 +36,7 @@ def register(sub) -> None:
     pr.add_argument("--format", default="search_r1", help="protocol format whose prompt goes in the parquet")
     pr.add_argument("--hub", action="store_true",
                     help="--train/--test are FlashRAG dataset names loaded from the Hugging Face hub")
-    pr.add_argument("--limit", type=int, default=None, help="at most N questions per file")
+    pr.add_argument("--limit", type=int, default=None, help="the first N questions of each data source of each file")
     pr.add_argument("--json", action="store_true", help="print one JSON summary as the last line")
     pr.set_defaults(func=_prepare)
 

@@ -20,6 +20,7 @@ the line (or row) and the field.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -172,6 +173,28 @@ def _directory_message(path: Path) -> str:
     return f"{path}: is a directory, not a QA file; give a .jsonl, .json or .parquet file{hint}"
 
 
+class PerSourceLimit:
+    """The rule of every question limit (``sleuth eval --limit``, ``data.limit``,
+    ``train.eval_limit``): the first ``limit`` questions *of each data source*, in file order.
+
+    A file that merges several datasets ordered by source, like Search-R1's ``test.parquet`` (NQ,
+    then TriviaQA, ...), so gives ``limit`` questions of each, not ``limit`` of the first dataset
+    only; a file with one source gives its first ``limit`` questions, as a plain cut would.
+    ``limit=None`` takes everything.
+    """
+
+    def __init__(self, limit: int | None):
+        self.limit = limit
+        self.taken: Counter[str] = Counter()
+
+    def take(self, source: str) -> bool:
+        """Whether one more question of ``source`` is kept (it is then counted)."""
+        if self.limit is not None and self.taken[source] >= self.limit:
+            return False
+        self.taken[source] += 1
+        return True
+
+
 def load_questions(
     path: str | Path,
     *,
@@ -184,7 +207,9 @@ def load_questions(
     ``data_source``: keep only rows of this source; rows without a ``data_source`` field are
     labelled with it (default label: the file stem). ``split``: the middle part of the ids (default:
     the row's ``extra_info.split`` for parquet, else the file stem). ``limit``: at most this many
-    questions (the first ones). Raises :class:`QADataError` naming file, line and field.
+    questions *per data source* (the first ones of each source, see :class:`PerSourceLimit`), so
+    a merged file such as Search-R1's ``test.parquet`` (NQ rows, then TriviaQA, ...) keeps every
+    source. Raises :class:`QADataError` naming file, line and field.
     """
     path = Path(path)
     if path.is_dir():
@@ -200,10 +225,9 @@ def load_questions(
     seen: dict[str, str] = {}
     sources: set[str] = set()
     n_rows = 0
+    keep = PerSourceLimit(limit)
     for position, (where, row) in enumerate(reader(path)):
         n_rows += 1
-        if limit is not None and len(questions) >= limit:
-            break
         row_source = row.get("data_source")
         if row_source is not None and not isinstance(row_source, str):
             raise QADataError(f"{where}: field 'data_source' must be a string, got {row_source!r}")
@@ -211,6 +235,8 @@ def load_questions(
         sources.add(source)
         if data_source is not None and source != data_source:
             continue
+        if not keep.take(source):
+            continue  # this source has its share; later rows may belong to other sources
         row_split = split or row.get("split") or path.stem
         q = row_to_question(where, row, position=position, data_source=source, split=str(row_split))
         if q.id in seen:

@@ -14,7 +14,14 @@ then ``OUT/results.json`` and ``OUT/report.md``. Rerunning with the same ``--out
 question ids already in ``trajectories.jsonl`` (a half-written last line is dropped) and refuses
 when the setting differs from the recorded one. ``--limit`` and ``--batch-size`` are not part of
 the setting: a rerun with a larger ``--limit`` extends a finished eval; the results always cover
-exactly the questions selected by the current invocation.
+exactly the questions selected by the current invocation. ``--limit N`` takes the first N questions
+of each data source of each file (in file order), so a merged file such as Search-R1's
+``test.parquet`` (NQ, then TriviaQA, ...) gives N of every dataset, not N of NQ only.
+
+Before any model is loaded, one test search checks the retriever: one that is down (or a mistyped
+``--retriever-url``) is a one-line error, exit 2. A question whose search fails during the run is
+not stored in ``trajectories.jsonl``: it counts in this run's figures, flagged (``report.md``, a
+warning, ``retrieval_errors`` in the ``--json`` line), and a rerun with the same ``--out`` retries it.
 
 ``--baseline DIR`` names a finished eval of the same questions (typically the same command with
 ``--no-search``): ``report.md`` then shows EM and F1 of this run beside the baseline's with the
@@ -67,7 +74,9 @@ def register(sub) -> None:
     add_model_retrieval_args(p)
     p.add_argument("--data", nargs="+", required=True, metavar="FILE", help="QA files: jsonl or Search-R1 parquet")
     p.add_argument("--out", required=True, help="output directory (rerun with the same --out to resume)")
-    p.add_argument("--limit", type=int, default=None, help="at most N questions per file")
+    p.add_argument("--limit", type=int, default=None,
+                   help="at most N questions per data source of each file: the first N of each source, in "
+                        "file order (a merged Search-R1 test.parquet gives N of every dataset)")
     p.add_argument("--batch-size", type=int, default=64, help="questions per batched rollout (default 64)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cache-dir", default=None,
@@ -147,10 +156,15 @@ def describe_retriever(args) -> dict:
     return {"kind": "url", "corpus": f"server at {args.retriever_url}", "url": args.retriever_url, "fingerprint": None}
 
 
-def open_retriever(args, desc: dict, *, cache: bool = False, cache_dir: str | None = None):
-    """The retriever the flags ask for; behind the on-disk cache when ``cache`` and it has a fingerprint."""
-    from sleuth.config import RetrievalConfig
+def open_retriever(args, desc: dict, *, cache: bool = False, cache_dir: str | None = None, probe: bool = False):
+    """The retriever the flags ask for; behind the on-disk cache when ``cache`` and it has a fingerprint.
+
+    ``probe``: make one test search first (as ``sleuth train`` does), so a retriever that is down or
+    a mistyped ``--retriever-url`` is a one-line error (a ``ValueError`` naming it and the flag)
+    before any model is loaded, not an eval whose every search failed."""
+    from sleuth.config import Config, RetrievalConfig
     from sleuth.retrieval.factory import build_retriever
+    from sleuth.train.setup import probe_retriever
 
     if args.no_search:
         return None
@@ -159,6 +173,9 @@ def open_retriever(args, desc: dict, *, cache: bool = False, cache_dir: str | No
     if args.index:
         cfg.kind = desc["kind"].split(" ")[0]
     retriever = build_retriever(cfg)  # a URL reads its bearer token from $SLEUTH_RETRIEVAL_TOKEN
+    if probe:  # before the cache, which would keep the test query
+        flag = "--retriever-url" if args.retriever_url else "--index" if args.index else "--corpus"
+        probe_retriever(retriever, Config(retrieval=cfg), fix=flag)
     if cache and desc.get("fingerprint"):
         import os
 
@@ -229,7 +246,7 @@ def _eval(args) -> int:
     from sleuth.cli import UserError, output_dir
     from sleuth.eval.evaluate import evaluate, summarize
     from sleuth.eval.baseline import load_baseline
-    from sleuth.eval.report import check_setting, read_finished
+    from sleuth.eval.report import check_setting, is_finished, read_finished
     from sleuth.train.setup import build_format
 
     if args.limit is not None and args.limit < 1:
@@ -262,12 +279,13 @@ def _eval(args) -> int:
         judge = LLMJudge(args.judge_url, args.judge_model)
     summary_new = {"perf": {"seconds": 0.0, "questions_per_s": 0.0, "generate_s": 0.0, "retrieve_s": 0.0}}
     if todo:
+        retriever = open_retriever(args, retr, cache=not args.no_cache, cache_dir=args.cache_dir, probe=True)
         model, tok = load_model(args)
-        retriever = open_retriever(args, retr, cache=not args.no_cache, cache_dir=args.cache_dir)
 
         def append(rows: list[dict]) -> None:
+            """Store the finished rows; a row with a failed search is not finished (a rerun retries it)."""
             with traj_path.open("a", encoding="utf-8") as f:
-                f.write("".join(json.dumps(r) + "\n" for r in rows))
+                f.write("".join(json.dumps(r) + "\n" for r in rows if is_finished(r)))
 
         summary_new, new_rows = evaluate(model, tok, todo, fmt, retriever, rcfg, topk=args.topk,
                                          batch_size=args.batch_size, no_search=args.no_search, seed=args.seed,
@@ -294,8 +312,10 @@ def budget_warnings(summary: dict, share: float = 0.25) -> list[str]:
             out.append(f"{got:.0%} of trajectories stopped at {reason}; {flag} may be too small for this model "
                        "and prompt")
     if summary.get("retrieval_errors"):
-        out.append(f"{summary['retrieval_errors']} searches failed (the model saw an error message instead of "
-                   "passages); check the retriever")
+        out.append(f"{summary['retrieval_errors']} searches failed in {summary.get('retrieval_error_questions', '?')} "
+                   "questions (the model saw an error message instead of passages; their figures are counted "
+                   "here, but the rows are not stored as done); check the retriever, then rerun with the same "
+                   "--out to retry them")
     if summary.get("judge_failures"):
         out.append(f"{summary['judge_failures']} LLM-judge calls failed; check --judge-url and --judge-model")
     return out
@@ -321,6 +341,7 @@ def _write_outputs(args, out: Path, summary: dict, setting: dict, baseline: dict
     if args.json:
         line = {
             "n": summary["n"], "em": summary["em"], "f1": summary["f1"], "cover_em": summary["cover_em"],
+            "retrieval_errors": summary["retrieval_errors"],
             "by_source": {src: {k: s[k] for k in ("n", "em", "f1", "cover_em", "searches")}
                           for src, s in summary["by_source"].items()},
         }  # fmt: skip

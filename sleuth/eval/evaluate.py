@@ -167,10 +167,12 @@ def trajectory_row(traj: Trajectory, fmt, titles: dict[str, list[tuple[str, str]
 
 
 def summarize(rows: list[dict]) -> dict:
-    """``aggregate(rows)`` plus the count of failed searches and the LLM-judge figures (per source
-    too) when rows carry a verdict."""
+    """``aggregate(rows)`` plus the count of failed searches (``retrieval_errors``) and of the
+    questions they hit (``retrieval_error_questions``), and the LLM-judge figures (per source too)
+    when rows carry a verdict."""
     summary = aggregate(rows)
     summary["retrieval_errors"] = sum(int(r.get("retrieval_errors", 0)) for r in rows)
+    summary["retrieval_error_questions"] = sum(1 for r in rows if r.get("retrieval_errors"))
     groups = {"": rows} | {src: [r for r in rows if r["data_source"] == src] for src in summary["by_source"]}
     for src, rs in groups.items():
         if not any("judge" in r for r in rs):

@@ -135,8 +135,11 @@ def render_report(summary: dict, setting: dict, published_doc: dict | None, base
     out += ["## Setting", ""] + _setting_lines(setting, summary) + [""]
     out += ["## Per source", ""] + _detail_lines(summary) + [""]
     if summary.get("retrieval_errors"):
-        out += [f"**{summary['retrieval_errors']} searches failed** (retrieval errors; the policy saw an error "
-                "observation instead of passages).", ""]  # fmt: skip
+        failed = summary.get("retrieval_error_questions", "?")
+        out += [f"**{summary['retrieval_errors']} searches failed** in {failed} questions (retrieval errors; the "
+                "policy saw an error observation instead of passages). Those questions count in the figures "
+                "above but are not stored as done in `trajectories.jsonl`: check the retriever, then rerun the "
+                "same command (same `--out`) to retry them.", ""]  # fmt: skip
     perf = summary.get("perf")
     if perf:
         out += [f"Wall time {perf['seconds']:.1f} s ({perf['questions_per_s']:.2f} questions/s; generate "
@@ -187,10 +190,17 @@ def check_setting(out: Path, setting: dict) -> None:
     path.write_text(json.dumps(setting, indent=2))
 
 
+def is_finished(row: dict) -> bool:
+    """Whether an eval row is done: none of its searches failed. A row whose search failed shows
+    the retriever's error, not the model's skill, so it is not stored and a rerun retries it."""
+    return not row.get("retrieval_errors")
+
+
 def read_finished(path: Path) -> dict[str, dict]:
-    """Rows already in ``trajectories.jsonl`` by question id. Only the last line can be cut by a
-    kill (it then lacks its newline): it is dropped, or completed with its newline when it parses,
-    and the file rewritten. A bad line elsewhere is an error naming it."""
+    """Finished rows (:func:`is_finished`) already in ``trajectories.jsonl`` by question id; rows
+    with failed searches (stored by earlier versions) are left for the rerun to retry. Only the
+    last line can be cut by a kill (it then lacks its newline): it is dropped, or completed with its
+    newline when it parses, and the file rewritten. A bad line elsewhere is an error naming it."""
     from sleuth.cli import UserError
 
     if not path.exists():
@@ -203,14 +213,16 @@ def read_finished(path: Path) -> dict[str, dict]:
             row = _parse_row(line)
             if row is None:
                 raise UserError(f"{path}:{n}: not a trajectory row; fix or delete the file to start over")
-            rows[row["id"]] = row
+            if is_finished(row):
+                rows[row["id"]] = row
     if tail.strip():
         row = _parse_row(tail)
         kept = [x for x in lines if x.strip()]
         if row is None:
             print(f"sleuth eval: dropping the half-written last line {len(lines) + 1} of {path}", file=sys.stderr)
         else:
-            rows[row["id"]] = row
+            if is_finished(row):
+                rows[row["id"]] = row
             kept.append(tail)
         path.write_text("".join(x + "\n" for x in kept), encoding="utf-8")
     return rows

@@ -57,8 +57,9 @@ def _world(cfg: Config):
 
 def load_split(spec: str, cfg: Config, limit: int | None = None) -> list[Question]:
     """Questions of one ``data.*_files`` entry (a file, or ``world:train`` / ``world:test``): the
-    first ``data.limit`` of them, or the first ``limit`` where that is smaller."""
-    from sleuth.data.qa import load_questions
+    first ``data.limit`` of each data source, or the first ``limit`` where that is smaller (the
+    rule of every limit: :class:`sleuth.data.qa.PerSourceLimit`)."""
+    from sleuth.data.qa import PerSourceLimit, load_questions
 
     limits = [n for n in (cfg.data.limit, limit) if n]
     limit = min(limits) if limits else None
@@ -66,13 +67,14 @@ def load_split(spec: str, cfg: Config, limit: int | None = None) -> list[Questio
         split = spec.split(":", 1)[1]
         if split not in ("train", "test"):
             raise ValueError(f"data file {spec!r}: the embedded world has splits world:train and world:test")
-        qs = list(getattr(_world(cfg), split))
-        return qs[:limit] if limit else qs
+        keep = PerSourceLimit(limit)  # world_1hop and world_2hop
+        return [q for q in getattr(_world(cfg), split) if keep.take(q.data_source)]
     return load_questions(spec, limit=limit)
 
 
 def load_questions_for(files: list[str], cfg: Config, limit: int | None = None) -> list[Question]:
-    """The questions of every file in turn (``limit``, if given, applies to each file)."""
+    """The questions of every file in turn (``limit``, if given, applies to each data source of
+    each file)."""
     out: list[Question] = []
     for spec in files:
         out.extend(load_split(spec, cfg, limit))
@@ -80,8 +82,9 @@ def load_questions_for(files: list[str], cfg: Config, limit: int | None = None) 
 
 
 def load_eval_questions(cfg: Config) -> list[Question]:
-    """A run's evaluation questions: ``train.eval_limit`` applies per eval file, so a run that
-    evaluates on several datasets reports every one of them, not only the first file's."""
+    """A run's evaluation questions: ``train.eval_limit`` applies per data source of each eval
+    file, so a run that evaluates on several datasets (several files, or one merged file such as
+    Search-R1's ``test.parquet``) reports every one of them, not only the first one's."""
     return load_questions_for(cfg.data.eval_files, cfg, limit=cfg.train.eval_limit)
 
 
@@ -153,15 +156,16 @@ def warn_changed_settings(saved: Path, cfg: Config) -> list[str]:
     return changed
 
 
-def probe_retriever(retriever, cfg: Config) -> None:
+def probe_retriever(retriever, cfg: Config, *, fix: str = "retrieval.*") -> None:
     """One test search before the run, so a retriever that is down or a mistyped URL stops the run
-    at once instead of becoming a run of failed searches (counted in ``rollout/retrieval_errors``)."""
+    at once instead of becoming a run of failed searches (counted in ``rollout/retrieval_errors``).
+    ``fix`` names what the user sets to point at another retriever (``sleuth eval``: its flag)."""
     try:
         retriever.search(["sleuth start-up check"], 1)
     except Exception as e:  # RetrievalError, OSError, anything the retriever raises
         where = cfg.retrieval.url or cfg.retrieval.index_dir or cfg.retrieval.corpus
         raise ValueError(f"the retriever ({cfg.retrieval.kind}: {where}) failed a test search: {e}; start it "
-                         "(e.g. sleuth serve --index DIR) or fix retrieval.*") from None
+                         f"(e.g. sleuth serve --index DIR) or fix {fix}") from None
 
 
 def build_format(name: str):

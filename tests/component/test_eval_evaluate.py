@@ -188,10 +188,11 @@ def test_eval_cli_search_beside_no_search_baseline(tmp_path, monkeypatch, capsys
     assert "| Source | n | EM search | EM no search | Δ EM | F1 search | F1 no search | Δ F1 |" in report
     assert f"| NQ | 2 | {100 * nq_ours:.1f} | 100.0 | {100 * (nq_ours - 1):+.1f} |" in report
     assert "no_search: True (this run False)" in report
-    # other questions (--limit 1), or the eval's own directory, are refused before any model loads
+    # other questions (--limit 1: one per data source), or the eval's own directory, are refused before
+    # any model loads
     assert main(base + ["--limit", "1", "--baseline", str(direct), "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
-    assert "was run on different data" in err and "3 of the baseline's 4 questions are not in the other run" in err
+    assert "was run on different data" in err and "2 of the baseline's 4 questions are not in the other run" in err
     assert not (tmp_path / "x").exists()
     assert main(base + ["--baseline", str(search), "--out", str(search)]) == 2
     assert "is this eval's own --out" in capsys.readouterr().err

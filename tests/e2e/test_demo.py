@@ -42,6 +42,19 @@ def test_demo_cli_runs_end_to_end_and_reports(tmp_path, capsys):
     assert not (tmp_path / "big").exists()  # refused before any work
 
 
+def test_demo_out_that_is_a_file_is_refused(tmp_path, capsys):
+    """`sleuth demo --out FILE` is a one-line error naming the path (as `sleuth train --out FILE`),
+    not a FileExistsError traceback; the file is left as it was."""
+    taken = tmp_path / "taken.txt"
+    taken.write_text("a user's file")
+    assert main(["demo", "--out", str(taken), "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"sleuth: error: --out {taken} is a file, not a directory; give a directory path (it is created " \
+                  "if missing)\n"
+    assert taken.read_text() == "a user's file" and sorted(p.name for p in tmp_path.iterdir()) == ["taken.txt"]
+
+
+@pytest.mark.timeout(1200)  # a hang guard: ~1.2 min idle
 def test_demo_learns_to_search(tmp_path, capsys):
     """The CI learning test: from the shipped tiny base model, GRPO with search on a smaller world
     than the default one (another seed: other names, facts and questions; fixed seeds) must raise
@@ -70,6 +83,7 @@ LEARN_WORLD = (1, 200)  # seed, entities: 137 test questions
 LEARN_STEPS, LEARN_MARGIN = 40, 0.5  # measured 2026-11-23: EM 0.0 -> 1.0 (single-hop 1.0, two-hop 1.0), 1.1 min
 
 
+@pytest.mark.timeout(2400)  # a hang guard: ~4 min idle, 8.5 min seen on a busy machine (> 4x headroom)
 def test_pretraining_from_scratch_then_rl_learns(tmp_path, monkeypatch):
     """The whole recipe with no shipped artefact: pretrain the tiny base model (default specs,
     ~3 minutes) on the smaller world, then the same GRPO run as above (~1.1 minutes). Catches a

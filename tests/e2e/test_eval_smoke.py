@@ -74,8 +74,8 @@ def full_run(world, tmp_path_factory):
 
 def test_eval_smoke_writes_reports_and_json(full_run):
     out, line = full_run
-    assert set(line) == {"n", "em", "f1", "cover_em", "by_source"}
-    assert line["n"] == 8
+    assert set(line) == {"n", "em", "f1", "cover_em", "retrieval_errors", "by_source"}
+    assert line["n"] == 8 and line["retrieval_errors"] == 0
     assert set(line["by_source"]) == {"nq", "hotpotqa", "2wikimultihopqa", "musique"}
     assert all(s["n"] == 2 and set(s) == {"n", "em", "f1", "cover_em", "searches"} for s in line["by_source"].values())
     rows = _rows(out)
@@ -151,9 +151,43 @@ def test_eval_bad_input_errors(world, tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
-def test_eval_over_a_retrieval_server_and_one_that_is_down(world, tmp_path, capsys):
+def _closed_port() -> int:
+    """A loopback port nothing listens on."""
     import socket
 
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    return port
+
+
+class FlakyRetrieve:
+    """A Search-R1 ``/retrieve`` endpoint on loopback that answers every query with the same two
+    passages, except request number ``fail_at`` (1 is the start-up probe), refused with HTTP 422:
+    a client error is not retried, so exactly one search fails, whatever the client's retry count."""
+
+    PASSAGES = [("p1", "Paris", "Paris is the capital of France."), ("p2", "Rome", "Rome is in Italy.")]
+
+    def __init__(self, fail_at: int):
+        from fastapi import FastAPI, Request
+        from fastapi.responses import JSONResponse
+
+        self.fail_at, self.requests = fail_at, 0
+        self.app = FastAPI()
+
+        @self.app.post("/retrieve")
+        async def retrieve(request: Request) -> JSONResponse:
+            self.requests += 1
+            if self.requests == self.fail_at:
+                return JSONResponse({"detail": "simulated failure"}, status_code=422)
+            body = await request.json()
+            docs = [{"document": {"id": pid, "contents": f'"{title}"\n{text}'}, "score": 1.0}
+                    for pid, title, text in self.PASSAGES[: body.get("topk", 2)]]
+            return JSONResponse({"result": [docs for _ in body["queries"]]})
+
+
+def test_eval_over_a_retrieval_server_and_one_that_is_down(world, tmp_path, capsys):
     from sleuth.retrieval.memory import InMemoryRetriever
     from sleuth.retrieval.serve_cli import ServerThread
     from sleuth.retrieval.server import make_app
@@ -166,19 +200,44 @@ def test_eval_over_a_retrieval_server_and_one_that_is_down(world, tmp_path, caps
     rows = _rows(tmp_path / "up")
     searched = [t for r in rows for t in r["turns_detail"] if t.get("titles")]
     assert searched and all(t["titles"] == ["Paris", "Rome"] for t in searched)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()  # nothing listens there: every search fails, the eval goes on
+    # nothing listens there: the start-up test search fails, and so does the eval, at once and in one
+    # line (it used to run every question against the dead URL and exit 0 with EM 0.0)
+    url = f"http://127.0.0.1:{_closed_port()}/retrieve"
     capsys.readouterr()
-    assert main(base + ["--retriever-url", f"http://127.0.0.1:{port}/retrieve", "--out", str(tmp_path / "down")]) == 0
-    rows = _rows(tmp_path / "down")
-    failed = sum(r["retrieval_errors"] for r in rows)
-    assert failed >= 1 and all(r["searches"] == 0 for r in rows)
-    assert "The search failed" in "".join(r["response"] for r in rows)
-    results = json.loads((tmp_path / "down" / "results.json").read_text())
-    assert results["summary"]["retrieval_errors"] == failed
-    assert f"**{failed} searches failed**" in (tmp_path / "down" / "report.md").read_text()
+    assert main(base + ["--retriever-url", url, "--out", str(tmp_path / "down")]) == 2
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("sleuth: error: the retriever (url: " + url + ") failed a test search: "), err
+    assert last.endswith("or fix --retriever-url") and "Traceback" not in err
+    assert not (tmp_path / "down" / "trajectories.jsonl").exists()  # nothing was stored as done
+
+
+def test_eval_does_not_store_a_question_whose_search_failed_and_a_rerun_retries_it(world, tmp_path, capsys):
+    from sleuth.retrieval.serve_cli import ServerThread
+
+    flaky = FlakyRetrieve(fail_at=2)  # the probe passes; the eval's first search fails
+    out = tmp_path / "ev"
+    with ServerThread(flaky.app) as srv:
+        argv = ["eval", "--model", str(world / "model"), "--data", DEV[0], "--limit", "2", *BUDGET, "--topk", "2",
+                "--retriever-url", srv.url + "/retrieve", "--out", str(out), "--batch-size", "1", "--json"]
+        assert main(argv) == 0
+        got = capsys.readouterr()
+        line = json.loads(got.out.strip().splitlines()[-1])
+        assert line["n"] == 2 and line["retrieval_errors"] == 1  # both questions count in this run's figures
+        assert "warning: 1 searches failed in 1 questions" in got.err and "rerun with the same --out" in got.err
+        assert "**1 searches failed** in 1 questions" in (out / "report.md").read_text()
+        assert json.loads((out / "results.json").read_text())["summary"]["retrieval_errors"] == 1
+        (kept,) = _rows(out)  # the question whose search failed is not stored as done
+        assert kept["retrieval_errors"] == 0
+
+        assert main(argv) == 0  # the rerun retries that question only
+        got = capsys.readouterr()
+        assert "2 questions, 1 already done" in got.err and "searches failed" not in got.err
+        line = json.loads(got.out.strip().splitlines()[-1])
+        assert line["n"] == 2 and line["retrieval_errors"] == 0
+        rows = _rows(out)
+        assert len({r["id"] for r in rows}) == 2 and kept in rows and all(r["retrieval_errors"] == 0 for r in rows)
+        assert "searches failed" not in (out / "report.md").read_text()
 
 
 def test_ask_streams_turns_searches_and_answer(world, capsys, monkeypatch):

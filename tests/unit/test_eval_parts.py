@@ -79,6 +79,36 @@ def test_read_finished_rejects_a_bad_middle_line(tmp_path):
     assert read_finished(tmp_path / "missing.jsonl") == {}
 
 
+def test_read_finished_leaves_rows_with_failed_searches_to_retry(tmp_path):
+    """A row whose search failed (as earlier versions stored them) is not done: the rerun retries
+    it; a retried row stored after it counts, whatever the order."""
+    path = _write(tmp_path / "t.jsonl", '{"id": "a", "retrieval_errors": 0}\n{"id": "b", "retrieval_errors": 2}\n'
+                                        '{"id": "c", "retrieval_errors": 1}\n{"id": "c", "retrieval_errors": 0}\n'
+                                        '{"id": "d"}\n{"id": "e", "retrieval_errors": 1}')
+    assert sorted(read_finished(path)) == ["a", "c", "d"]
+    assert read_finished(path)["c"] == {"id": "c", "retrieval_errors": 0}
+    assert path.read_text().count("\n") == 6  # the file keeps its lines (the last one completed)
+
+
+def test_failed_searches_are_counted_per_question_and_the_retry_is_explained():
+    from sleuth.eval.cli import budget_warnings
+    from sleuth.eval.evaluate import summarize
+    from sleuth.eval.report import render_report
+
+    def row(qid, errors):
+        return {"id": qid, "data_source": "nq", "em": 0.0, "f1": 0.0, "cover_em": 0.0, "searches": 1, "turns": 2,
+                "retrieval_hit": 0.0, "tokens": 10, "sampled_tokens": 5, "stop_reason": "answered",
+                "retrieval_errors": errors}
+
+    summary = summarize([row("a", 2), row("b", 0), row("c", 1)])
+    assert (summary["retrieval_errors"], summary["retrieval_error_questions"]) == (3, 2)
+    (warning,) = budget_warnings(summary)
+    assert warning.startswith("3 searches failed in 2 questions") and "rerun with the same --out" in warning
+    md = render_report(summary, {"model": "m"}, None)
+    assert "**3 searches failed** in 2 questions" in md and "rerun the same command (same `--out`)" in md
+    assert "searches failed" not in render_report(summarize([row("b", 0)]), {"model": "m"}, None)
+
+
 def test_check_setting_records_then_refuses_a_different_one(tmp_path):
     out = tmp_path / "ev"
     check_setting(out, {"model": "a", "topk": 3})

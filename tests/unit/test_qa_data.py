@@ -75,6 +75,34 @@ def test_limit_and_source_filter_on_real_file():
         load_questions(path, data_source="nq")
 
 
+@needs_shared
+def test_limit_takes_the_first_n_of_each_source_of_a_merged_file(tmp_path):
+    """Search-R1's merged test.parquet is ordered by data source (NQ rows, then the next dataset,
+    ...): every question limit (`sleuth eval --limit`, `train.eval_limit`, `data.limit`) takes the
+    first N rows of each source, in file order, not N rows of NQ only. Real rows, merged the same way."""
+    from argparse import Namespace
+
+    from sleuth.config import Config
+    from sleuth.eval.cli import load_eval_questions as eval_command_questions
+    from sleuth.train.setup import load_eval_questions, load_questions_for
+
+    names = ("nq", "hotpotqa", "musique")
+    parts = {n: load_questions(SHARED / "dev" / f"{n}.jsonl", split="test", limit=20) for n in names}
+    merged = write_searchr1_parquet([q for n in names for q in parts[n]], tmp_path / "test.parquet", split="test")
+    expected = [q.id for n in names for q in parts[n][:3]]  # nq 0-2, hotpotqa 0-2, musique 0-2
+    assert [q.id for q in load_questions(merged, limit=3)] == expected
+    assert [q.id for q in eval_command_questions(Namespace(data=[str(merged)], limit=3))] == expected
+    cfg = Config()
+    cfg.data.eval_files = [str(merged)]
+    cfg.train.eval_limit = 3
+    assert [q.id for q in load_eval_questions(cfg)] == expected
+    cfg.data.limit = 2  # the training files' limit, the same rule
+    assert [q.id for q in load_questions_for([str(merged)], cfg)] == [q.id for n in names for q in parts[n][:2]]
+    # the kept rows keep the file's order; one source behaves as a plain cut of the file
+    assert [q.id for q in load_questions(merged, limit=25)] == [q.id for n in names for q in parts[n]]
+    assert [q.id for q in load_questions(merged, data_source="hotpotqa", limit=2)] == [q.id for q in parts["hotpotqa"][:2]]
+
+
 # --- formats -----------------------------------------------------------------------------------
 
 
@@ -103,7 +131,8 @@ def test_data_source_filter_keeps_unlabelled_rows(tmp_path):
     )
     assert [q.id for q in load_questions(path)] == ["nq/mixed/1", "hotpotqa/mixed/1", "mixed/mixed/2"]
     assert [q.id for q in load_questions(path, data_source="nq")] == ["nq/mixed/1", "nq/mixed/2"]
-    assert [q.text for q in load_questions(path, limit=2)] == ["q1", "q2"]
+    # the limit is per data source (here nq, hotpotqa and the unlabelled rows' file stem)
+    assert [q.text for q in load_questions(path, limit=1)] == ["q1", "q2", "q3"]
     assert load_questions(path, limit=0) == []
 
 

@@ -39,6 +39,17 @@ def test_eval_limit_and_data_limit_take_the_smaller(tmp_path):
     assert load_eval_questions(cfg) == load_questions_for(cfg.data.eval_files, cfg)
 
 
+def test_world_splits_follow_the_same_per_source_limit():
+    """``world:test`` mixes single-hop and two-hop questions: a limit keeps the first N of each."""
+    from collections import Counter
+
+    cfg = from_dict({"data": {"world_entities": 200, "world_seed": 1}})
+    qs = load_questions_for(["world:test"], cfg, limit=5)
+    assert Counter(q.data_source for q in qs) == {"world_1hop": 5, "world_2hop": 5}
+    everything = load_questions_for(["world:test"], cfg)
+    assert qs == [q for q in everything if q in qs]  # in the split's order
+
+
 def test_world_corpus_is_written_once_even_by_concurrent_callers(tmp_path, monkeypatch):
     """Callers that start together each write the world aside; one rename publishes it and the
     losers' copies are removed (nothing left but the published directory)."""
