@@ -81,7 +81,8 @@ def test_train_refusals_through_the_command(tmp_path, capsys):
     config = Path(__file__).resolve().parents[2] / "configs" / "tiny.yaml"
     args = ["train", "--config", str(config), "--set", "train.total_steps=1", "--set", "train.eval_limit=2"]
     assert main(args + ["--out", str(tmp_path / "few"), "--set", "data.limit=3"]) == 2
-    assert "train.questions_per_step=8 but data.train_files hold 3 questions" in capsys.readouterr().err
+    # data.limit keeps 3 of each data source: world:train has two (single-hop, two-hop)
+    assert "train.questions_per_step=8 but data.train_files hold 6 questions" in capsys.readouterr().err
     _earlier_run(tmp_path / "old")
     assert main(args + ["--out", str(tmp_path / "old")]) == 2
     assert "already holds a run" in capsys.readouterr().err
