@@ -41,7 +41,7 @@ def main() -> None:
     import tempfile
 
     import sleuth.train.loop as loop
-    import sleuth.train.models as models
+    import sleuth.models as models
     from sleuth.config import load_config
 
     load_policy = models.load_policy

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import sys
-from pathlib import Path
+
+from sleuth.errors import UserError
 
 # Modules that contribute commands, in help order.
 COMMAND_MODULES = [
-    "sleuth.demo",  # sleuth demo
+    "sleuth.demo.cli",  # sleuth demo
     "sleuth.reward.cli",  # sleuth reward score
     "sleuth.train.cli",  # sleuth train
     "sleuth.retrieval.cli",  # sleuth index build, sleuth search
@@ -24,18 +24,6 @@ COMMAND_MODULES = [
     "sleuth.eval.cli",  # sleuth eval, sleuth ask
     "sleuth.data.cli",  # sleuth data prepare
 ]
-
-
-class UserError(Exception):
-    """An error caused by input (a file, a flag, a config): printed without a traceback, exit 2."""
-
-
-def output_dir(path, flag: str = "--out") -> Path:
-    """``path`` as an output directory: refused (naming ``flag``) when it exists and is not a directory."""
-    p = Path(path)
-    if p.exists() and not p.is_dir():
-        raise UserError(f"{flag} {p} is a file, not a directory; give a directory path (it is created if missing)")
-    return p
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -48,12 +36,6 @@ def build_parser() -> argparse.ArgumentParser:
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
     return parser
-
-
-def print_json_line(obj: dict) -> None:
-    """The ``--json`` convention: one JSON object alone on the last line of stdout."""
-    sys.stdout.flush()
-    print(json.dumps(obj, sort_keys=False), flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -42,7 +42,8 @@ def register(sub) -> None:
 
 
 def _prepare(args) -> int:
-    from sleuth.cli import UserError, output_dir, print_json_line
+    from sleuth.errors import UserError
+    from sleuth.output import output_dir, print_json_line
     from sleuth.data.prepare import prepare
     from sleuth.data.qa import QADataError
     from sleuth.train.setup import build_format

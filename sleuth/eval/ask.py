@@ -96,7 +96,8 @@ def _questions(args, stdin: TextIO):
 
 
 def _ask(args) -> int:
-    from sleuth.cli import UserError, print_json_line
+    from sleuth.errors import UserError
+    from sleuth.output import print_json_line
     from sleuth.eval.cli import describe_retriever, load_model, open_retriever, rollout_config
     from sleuth.eval.defaults import resolve_run_defaults
     from sleuth.eval.evaluate import NoRetriever, NoSearchFormat

@@ -33,7 +33,7 @@ def load_baseline(path: str | Path, questions: list, data_files: list[str]) -> d
     """The baseline of a ``--baseline DIR`` eval: ``{"dir", "setting", "summary"}`` from its
     ``results.json``. Refuses (naming what differs) a directory without results or one whose
     questions are not this run's ``questions`` (``Question``s, read from ``data_files``)."""
-    from sleuth.cli import UserError
+    from sleuth.errors import UserError
 
     base = Path(path)
     res = base / "results.json"

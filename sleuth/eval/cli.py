@@ -103,7 +103,7 @@ def register(sub) -> None:
 def rollout_config(args):
     """The RolloutConfig of an eval/ask invocation: defaults, the run's own settings, flags, then
     ``--set rollout.*`` (call :func:`resolve_run_defaults` first)."""
-    from sleuth.cli import UserError
+    from sleuth.errors import UserError
     from sleuth.config import ConfigError, load_config
 
     bad = [s for s in args.set if not s.startswith("rollout.")]
@@ -131,7 +131,7 @@ def _sha(path: Path, n: int = 16) -> str:
 
 def describe_retriever(args) -> dict:
     """What the retriever is (for the setting) and its cache fingerprint; no index is opened."""
-    from sleuth.cli import UserError
+    from sleuth.errors import UserError
 
     given = [x for x in ("index", "retriever_url", "corpus") if getattr(args, x)]
     if args.no_search:
@@ -189,8 +189,8 @@ def open_retriever(args, desc: dict, *, cache: bool = False, cache_dir: str | No
 def load_model(args):
     """``(model, tokenizer)``; a model that cannot be loaded (offline hub name, broken files) is a
     clear input error, not a traceback."""
-    from sleuth.cli import UserError
-    from sleuth.train.models import load_policy
+    from sleuth.errors import UserError
+    from sleuth.models import load_policy
 
     try:
         return load_policy(args.model, dtype=args.dtype, device=args.device)
@@ -205,7 +205,7 @@ def load_model(args):
 
 def eval_setting(args, rollout_cfg, retr: dict) -> dict:
     """Everything that changes the trajectories; compared on resume."""
-    from sleuth.train.models import resolve_model
+    from sleuth.models import resolve_model
 
     if args.model == "tiny":
         model_id = "tiny"
@@ -225,7 +225,7 @@ def eval_setting(args, rollout_cfg, retr: dict) -> dict:
 
 
 def load_eval_questions(args):
-    from sleuth.cli import UserError
+    from sleuth.errors import UserError
     from sleuth.data.qa import QADataError, load_questions
 
     questions, seen = [], {}
@@ -243,7 +243,8 @@ def load_eval_questions(args):
 
 
 def _eval(args) -> int:
-    from sleuth.cli import UserError, output_dir
+    from sleuth.errors import UserError
+    from sleuth.output import output_dir
     from sleuth.eval.evaluate import evaluate, summarize
     from sleuth.eval.baseline import load_baseline
     from sleuth.eval.report import check_setting, is_finished, read_finished
@@ -323,7 +324,7 @@ def budget_warnings(summary: dict, share: float = 0.25) -> list[str]:
 
 def _write_outputs(args, out: Path, summary: dict, setting: dict, baseline: dict | None, ids: list[str]) -> None:
     """``results.json``, ``report.md``, the summary line and (``--json``) the JSON line."""
-    from sleuth.cli import print_json_line
+    from sleuth.output import print_json_line
     from sleuth.eval.report import load_published, render_report, results_document
 
     published = None if args.no_compare else load_published()

@@ -43,7 +43,7 @@ def run_defaults(model: str) -> dict:
     if model == "tiny":
         from dataclasses import asdict
 
-        from sleuth.demo import demo_config
+        from sleuth.demo.run import demo_config
 
         cfg = asdict(demo_config("tiny", steps=1, seed=0, fmt="search_r1_tiny"))
     else:
@@ -75,7 +75,7 @@ def resolve_run_defaults(args) -> dict:
     for attr in ("format", "topk", "max_turns"):
         if getattr(args, attr) is None:
             setattr(args, attr, BUILTIN[attr])
-    from sleuth.cli import UserError
+    from sleuth.errors import UserError
 
     for flag, least in (("topk", 1), ("max_turns", 0), ("max_tokens_per_turn", 1), ("max_context_tokens", 1),
                         ("batch_size", 1)):

@@ -172,7 +172,7 @@ def results_document(summary: dict, setting: dict, published_doc: dict | None, b
 
 def check_setting(out: Path, setting: dict) -> None:
     """Record the setting, or refuse when the one already in ``out`` differs."""
-    from sleuth.cli import UserError
+    from sleuth.errors import UserError
 
     path = out / "setting.json"
     if path.exists():
@@ -201,7 +201,7 @@ def read_finished(path: Path) -> dict[str, dict]:
     with failed searches (stored by earlier versions) are left for the rerun to retry. Only the
     last line can be cut by a kill (it then lacks its newline): it is dropped, or completed with its
     newline when it parses, and the file rewritten. A bad line elsewhere is an error naming it."""
-    from sleuth.cli import UserError
+    from sleuth.errors import UserError
 
     if not path.exists():
         return {}

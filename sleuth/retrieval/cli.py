@@ -74,7 +74,8 @@ def register(sub) -> None:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from sleuth.cli import UserError, output_dir, print_json_line
+    from sleuth.errors import UserError
+    from sleuth.output import output_dir, print_json_line
     from sleuth.retrieval.corpus import CorpusError
     from sleuth.retrieval.index import build_index
 
@@ -110,7 +111,7 @@ def _build(args: argparse.Namespace) -> int:
 def open_retriever(args: argparse.Namespace):
     """The retriever a ``search`` invocation asks for (an index dir or a server, optionally reranked)."""
     if args.url:
-        from sleuth.cli import UserError
+        from sleuth.errors import UserError
         from sleuth.retrieval.client import RemoteRetriever, env_token
 
         if args.query_prefix is not None or args.passage_prefix is not None:
@@ -130,7 +131,8 @@ def open_retriever(args: argparse.Namespace):
 
 
 def _search(args: argparse.Namespace) -> int:
-    from sleuth.cli import UserError, print_json_line
+    from sleuth.errors import UserError
+    from sleuth.output import print_json_line
 
     if args.k < 1:
         raise UserError(f"-k must be >= 1, got {args.k}")

@@ -94,7 +94,7 @@ def run_server(app, host: str = "127.0.0.1", port: int = 8000, on_ready=print) -
 
 def _load_retriever(args, tmp_dir: str):
     """Open ``--index DIR``, or build a BM25 index of ``--corpus FILE`` into ``tmp_dir``."""
-    from sleuth.cli import UserError
+    from sleuth.errors import UserError
     from sleuth.retrieval.index import build_index, load_index
 
     if bool(args.index) == bool(args.corpus):
@@ -116,7 +116,7 @@ def _load_retriever(args, tmp_dir: str):
 
 
 def _serve(args) -> int:
-    from sleuth.cli import UserError
+    from sleuth.errors import UserError
     from sleuth.retrieval.index import describe_prefixes
     from sleuth.retrieval.server import ServerLimits, make_app
 

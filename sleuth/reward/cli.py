@@ -82,7 +82,8 @@ def _print_table(scores: list, summary: dict) -> None:
 
 
 def run_score(args: argparse.Namespace) -> int:
-    from sleuth.cli import UserError, print_json_line
+    from sleuth.errors import UserError
+    from sleuth.output import print_json_line
     from sleuth.reward.score_file import score_file
 
     if len(set(args.input)) != len(args.input):

@@ -27,7 +27,7 @@ import os
 
 import torch
 
-from sleuth.cli import UserError
+from sleuth.errors import UserError
 from sleuth.rollout.backends import GenerationResult, SamplingParams, check_prompts, finish_from_server, row_caps
 
 INSTALL_HINT = "pip install 'sleuth[gpu]' on a CUDA machine, or set rollout.backend=hf"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 
 def _run(args) -> int:
-    from sleuth.cli import print_json_line
+    from sleuth.output import print_json_line
     from sleuth.config import load_config
     from sleuth.train import distributed as par
     from sleuth.train.checkpoint import check_config_not_rewritten

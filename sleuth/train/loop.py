@@ -28,7 +28,7 @@ from sleuth.train.checkpoint import (latest_checkpoint, load_checkpoint_file, lo
                                      write_run_config)
 from sleuth.train.forward import batched_logprobs, length_buckets, padding_share
 from sleuth.train.logging import MetricsLogger
-from sleuth.train.models import DTYPES, compute_autocast
+from sleuth.models import DTYPES, compute_autocast
 from sleuth.train.sampler import CollapseWatch, QuestionSampler
 from sleuth.train.setup import (build_format, build_run_retriever, check_run_dir, init_distributed,
                                 load_eval_questions, load_questions_for, probe_retriever, warn_changed_settings)
@@ -96,7 +96,7 @@ class Trainer:
     def __init__(self, cfg: Config, out_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
                  progress: bool = True):
         from sleuth.reward import build_reward
-        from sleuth.train.models import load_policy, make_critic
+        from sleuth.models import load_policy, make_critic
 
         self.cfg, self.out = validate(cfg), Path(out_dir)
         self.ctx = init_distributed()
@@ -127,7 +127,7 @@ class Trainer:
             self.policy.gradient_checkpointing_enable()
         self.ref = None
         if mc.lora_rank > 0:
-            from sleuth.train.models import add_lora
+            from sleuth.models import add_lora
 
             self.policy = add_lora(self.policy, rank=mc.lora_rank, alpha=mc.lora_alpha, targets=mc.lora_targets)
         elif cfg.algo.kl_coef > 0 and cfg.algo.kl_mode != "none":

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from sleuth.config import Config
+from sleuth.toy.cache import config_world, world_corpus_path
 from sleuth.types import Question
 
 
@@ -49,12 +49,6 @@ def init_distributed() -> DistContext:
     return DistContext(dist.get_rank(), dist.get_world_size(), local)
 
 
-def _world(cfg: Config):
-    from sleuth.data.world import generate_world
-
-    return generate_world(cfg.data.world_seed, n_entities=cfg.data.world_entities)
-
-
 def load_split(spec: str, cfg: Config, limit: int | None = None) -> list[Question]:
     """Questions of one ``data.*_files`` entry (a file, or ``world:train`` / ``world:test``): the
     first ``data.limit`` of each data source, or the first ``limit`` where that is smaller (the
@@ -68,7 +62,7 @@ def load_split(spec: str, cfg: Config, limit: int | None = None) -> list[Questio
         if split not in ("train", "test"):
             raise ValueError(f"data file {spec!r}: the embedded world has splits world:train and world:test")
         keep = PerSourceLimit(limit)  # world_1hop and world_2hop
-        return [q for q in getattr(_world(cfg), split) if keep.take(q.data_source)]
+        return [q for q in getattr(config_world(cfg), split) if keep.take(q.data_source)]
     return load_questions(spec, limit=limit)
 
 
@@ -86,22 +80,6 @@ def load_eval_questions(cfg: Config) -> list[Question]:
     file, so a run that evaluates on several datasets (several files, or one merged file such as
     Search-R1's ``test.parquet``) reports every one of them, not only the first one's."""
     return load_questions_for(cfg.data.eval_files, cfg, limit=cfg.train.eval_limit)
-
-
-def world_corpus_path(cfg: Config) -> Path:
-    """Write the embedded world's corpus once into the cache and return its path."""
-    from sleuth.train.tiny import cache_root
-
-    world = _world(cfg)
-    out = cache_root() / "worlds" / world.fingerprint()
-    if not (out / "corpus.jsonl").exists():
-        tmp = out.with_name(out.name + f".tmp-{uuid.uuid4().hex[:12]}")
-        world.write(tmp)
-        try:
-            tmp.rename(out)
-        except OSError:  # another process won the race
-            shutil.rmtree(tmp, ignore_errors=True)
-    return out / "corpus.jsonl"
 
 
 def build_run_retriever(cfg: Config):
@@ -169,10 +147,6 @@ def probe_retriever(retriever, cfg: Config, *, fix: str = "retrieval.*") -> None
 
 
 def build_format(name: str):
-    from sleuth.rollout.formats import FORMATS, get_format
+    from sleuth.rollout.formats import get_format
 
-    if name == "search_r1_tiny" and name not in FORMATS:
-        from sleuth.train.tiny import TinySearchR1Format
-
-        return TinySearchR1Format()
     return get_format(name)

@@ -11,7 +11,7 @@ import torch
 from sleuth.algo.advantages import gae_advantages, token_rewards
 from sleuth.algo.losses import value_loss
 from sleuth.config import AlgoConfig
-from sleuth.train.models import ValueHead
+from sleuth.models import ValueHead
 from sleuth.train.update import UpdateBatch, _critic_loss
 from tests.helpers.tiny import tiny_model, tiny_tokenizer
 

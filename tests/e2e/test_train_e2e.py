@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from sleuth.cli import main
-from sleuth.train.tiny import TinySearchR1Format
+from sleuth.rollout.formats import TinySearchR1Format
 from sleuth.types import Question
 from tests.helpers.tiny import teach, tiny_model, tiny_tokenizer
 
@@ -75,7 +75,7 @@ def _metrics(out):
 def test_train_changes_every_parameter_and_logs(world, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from sleuth.train.models import load_policy
+    from sleuth.models import load_policy
 
     out = tmp_path / "run"
     assert main(_args(world, out, 2, ["train.save_every=1"])) == 0

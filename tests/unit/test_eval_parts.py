@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from sleuth.cli import UserError
+from sleuth.errors import UserError
 from sleuth.data.prepare import dataset_and_split
 from sleuth.eval.report import check_setting, read_finished
 from sleuth.eval.evaluate import DIRECT_INSTRUCTION, NoSearchFormat, turn_records
@@ -190,7 +190,7 @@ def test_a_run_is_evaluated_with_the_budget_it_was_trained_with(tmp_path, capsys
 
 
 def test_other_models_get_the_built_in_budget_and_tiny_the_demos(tmp_path, monkeypatch):
-    from sleuth.demo import demo_config
+    from sleuth.demo.run import demo_config
     from sleuth.eval.cli import rollout_config
     from sleuth.eval.defaults import resolve_run_defaults
 

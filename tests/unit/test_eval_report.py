@@ -206,7 +206,7 @@ def _results_dir(tmp_path, ids, data, by_source_n=None):
 
 
 def test_load_baseline_accepts_the_same_questions_and_names_what_differs(tmp_path):
-    from sleuth.cli import UserError
+    from sleuth.errors import UserError
     from sleuth.eval.baseline import load_baseline
     from sleuth.types import Question
 
@@ -232,7 +232,7 @@ def test_load_baseline_accepts_the_same_questions_and_names_what_differs(tmp_pat
 
 
 def test_load_baseline_bad_directories(tmp_path):
-    from sleuth.cli import UserError
+    from sleuth.errors import UserError
     from sleuth.eval.baseline import load_baseline
 
     with pytest.raises(UserError, match=r"no results.json there; give the --out directory of a finished"):

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from sleuth.cli import main
-from sleuth.train.models import ModelLoadError, ModelSource, load_policy, resolve_model
+from sleuth.models import ModelLoadError, ModelSource, load_policy, resolve_model
 
 pytestmark = pytest.mark.unit
 
@@ -59,7 +59,7 @@ def test_gguf_conversion_bar_follows_transformers_progress_switch():
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
     from transformers.utils import logging as hf_logging
 
-    from sleuth.train.models import _quiet_gguf_bar
+    from sleuth.models import _quiet_gguf_bar
 
     original, was_on = gguf_utils.tqdm, hf_logging.is_progress_bar_enabled()
     try:

@@ -9,7 +9,7 @@ import torch
 
 from sleuth.cli import main
 from sleuth.config import Config
-from sleuth.train.models import pick_device
+from sleuth.models import pick_device
 from sleuth.train.setup import check_run_dir, probe_retriever
 
 pytestmark = pytest.mark.unit

@@ -11,7 +11,7 @@ from types import SimpleNamespace as NS
 import pytest
 import torch
 
-from sleuth.cli import UserError
+from sleuth.errors import UserError
 from sleuth.config import RolloutConfig
 from sleuth.rollout import vllm_backend
 from sleuth.rollout.vllm_backend import VLLMBackend, VLLMUnavailable, load_into_engine, trainer_weights
@@ -75,7 +75,7 @@ def test_plain_model_weights_are_its_state_dict_without_copies():
 
 def test_lora_weights_are_merged_out_of_place_like_peft_merge_and_unload():
     pytest.importorskip("peft")
-    from sleuth.train.models import add_lora
+    from sleuth.models import add_lora
 
     base = tiny_model(tiny_tokenizer(), hidden=32)
     names = list(base.state_dict())

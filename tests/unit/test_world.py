@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from sleuth.data.world import (
+from sleuth.toy.world import (
     CITY_SUFFIXES,
     INVENTORY_SIZES,
     MAX_ENTITIES,
@@ -159,7 +159,7 @@ def test_the_ideal_searches_rank_the_fact_first(world):
     """The searches the pretraining transcripts teach (the need, then name + search word) put the
     fact's passage at rank 1 for every question, so top-1 retrieval suffices. The words before each
     object in a fact passage occur before nothing else in that question's context."""
-    from sleuth.train.tiny_data import Bm25Search
+    from sleuth.toy.transcripts import Bm25Search
 
     search = Bm25Search(world.passages)
     for q in world.train + world.test:

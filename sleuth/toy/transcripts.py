@@ -13,24 +13,12 @@ from __future__ import annotations
 import random
 from typing import TYPE_CHECKING
 
-from sleuth.data.world import RELATIONS, World, claim_text, hop_query, name_inventory, need_text, said_text
-from sleuth.rollout.formats import SearchR1Format, normalize_question
+from sleuth.toy.world import RELATIONS, World, claim_text, hop_query, name_inventory, need_text, said_text
+from sleuth.rollout.formats import SearchR1Format, TinySearchR1Format
 from sleuth.types import Passage, Question
 
 if TYPE_CHECKING:
-    from sleuth.train.tiny import PretrainSpec
-
-TINY_INSTRUCTION = "Answer the question. Search for facts if you must. Question: {question}\n"
-
-
-class TinySearchR1Format(SearchR1Format):
-    """Search-R1 tags and observations with the short :data:`TINY_INSTRUCTION` prompt."""
-
-    name = "search_r1_tiny"
-
-    def user_content(self, question: Question) -> str:
-        return TINY_INSTRUCTION.format(question=normalize_question(question.text))
-
+    from sleuth.toy.specs import PretrainSpec
 
 def make_format(prompt: str) -> SearchR1Format:
     """The protocol format matching a pretraining prompt style."""
@@ -129,7 +117,7 @@ def synthesize_transcript(world: World, q: Question, fmt, search: Bm25Search, sp
 
 class Renamer:
     """Renames every invented name in a transcript by one random permutation of the
-    :func:`~sleuth.data.world.name_inventory`, kind by kind (``Bansozun`` -> ``Tanzin``,
+    :func:`~sleuth.toy.world.name_inventory`, kind by kind (``Bansozun`` -> ``Tanzin``,
     ``Budoport`` -> ``Lenfakonport``), the same way in the question, the queries, the passages and
     the answer; years too (1700-2029, one map per transcript). Names and years then carry nothing
     to memorise: the only way to predict a query or an answer is to copy it from the context, and

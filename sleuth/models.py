@@ -161,7 +161,7 @@ def load_policy(name_or_path: str, *, dtype: str = "float32", device: str = "aut
     if dtype not in DTYPES:
         raise ValueError(f"model.dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     if name_or_path == "tiny":
-        from sleuth.train.tiny_cache import default_tiny_model_path  # built and cached on first use
+        from sleuth.toy.cache import default_tiny_model_path  # built and cached on first use
 
         name_or_path = str(default_tiny_model_path())
     source = resolve_model(name_or_path, gguf_file)

@@ -35,8 +35,9 @@ Parsing rules shared by every format (each departs from its paper's code only wh
   runs to the end of the turn) is ignored, so a policy cannot fake a search result holding an answer.
 * Queries and answers are stripped of surrounding whitespace; an empty query is INVALID.
 
-The Search-R1 format lives here; the others are in ``formats_r1_searcher.py`` and
-``formats_tool_call.py`` and register themselves when this module is imported.
+This module holds the interface, the registry and the parsing helpers every format shares; each
+format lives in its own module of this package (``search_r1``, ``r1_searcher``, ``tool_call``) and
+registers itself with :func:`register`; the package's ``__init__`` imports them all.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ import functools
 import re
 from typing import Protocol, runtime_checkable
 
-from sleuth.types import Action, ActionKind, Passage, Question
+from sleuth.types import Action, Passage, Question
 
 
 @runtime_checkable
@@ -69,6 +70,10 @@ class ProtocolFormat(Protocol):
 
 
 FORMATS: dict[str, type] = {}
+"""The protocols: name -> class."""
+PROMPT_VARIANTS: dict[str, type] = {}
+"""Names of a registered protocol with another prompt (same tags, parsing and observations), e.g.
+``search_r1_tiny``, the embedded tiny model's short Search-R1 prompt."""
 
 
 def register(cls: type) -> type:
@@ -76,14 +81,26 @@ def register(cls: type) -> type:
     return cls
 
 
+def register_prompt_variant(cls: type) -> type:
+    PROMPT_VARIANTS[cls.name] = cls
+    return cls
+
+
+def format_names() -> list[str]:
+    """Every name ``get_format`` builds (``rollout.format``'s choices)."""
+    return sorted({**FORMATS, **PROMPT_VARIANTS})
+
+
 def get_format(name: str, **options) -> ProtocolFormat:
-    """Build a protocol format by name (``search_r1``, ``r1_searcher``, ``tool_call``).
+    """Build a protocol format by name (``search_r1``, ``r1_searcher``, ``tool_call``, or a prompt
+    variant such as ``search_r1_tiny``).
 
     ``options`` go to the format's constructor (e.g. ``variant="base"`` for ``r1_searcher``).
     """
-    if name not in FORMATS:
-        raise ValueError(f"unknown protocol format {name!r}; choose one of {sorted(FORMATS)}")
-    return FORMATS[name](**options)
+    cls = FORMATS.get(name) or PROMPT_VARIANTS.get(name)
+    if cls is None:
+        raise ValueError(f"unknown protocol format {name!r}; choose one of {format_names()}")
+    return cls(**options)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -147,89 +164,3 @@ def normalize_question(text: str) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # Search-R1 tags
-# ---------------------------------------------------------------------------------------------
-
-# Byte-identical to the instruction Search-R1's released checkpoints were trained with
-# (PeterGriffinJin/Search-R1, scripts/data_process/nq_search.py make_prefix and infer.py; note the
-# original "as your want" typo, kept on purpose).
-SEARCH_R1_INSTRUCTION = (
-    "Answer the given question. "
-    "You must conduct reasoning inside <think> and </think> first every time you get new information. "
-    "After reasoning, if you find you lack some knowledge, you can call a search engine by "
-    "<search> query </search> and it will return the top searched results between <information> "
-    "and </information>. "
-    "You can search as many times as your want. "
-    "If you find no further external knowledge needed, you can directly provide the answer inside "
-    "<answer> and </answer>, without detailed illustrations. For example, <answer> Beijing </answer>. "
-    "Question: {question}\n"
-)
-
-# Verbatim from search_r1/llm_agent/generation.py execute_predictions.
-SEARCH_R1_INVALID = (
-    "\nMy previous action is invalid. "
-    "If I want to search, I should put the query between <search> and </search>. "
-    "If I want to give the final answer, I should put the answer between <answer> and </answer>. "
-    "Let me try again.\n"
-)
-
-_SEARCH_R1_TAGS = (("search", "<search>", "</search>"), ("answer", "<answer>", "</answer>"))
-
-
-def render_passages_search_r1(passages: list[Passage]) -> str:
-    """``Doc i(Title: <title>) <text>`` lines, as Search-R1's ``_passages2string``: the title is the
-    raw first line of the passage's ``contents`` (quoted as in wiki-18), the text the rest."""
-    lines = []
-    for i, p in enumerate(passages, 1):
-        title, _, text = p.contents.partition("\n")
-        lines.append(f"Doc {i}(Title: {title}) {text}\n")
-    return "".join(lines)
-
-
-@register
-class SearchR1Format:
-    """``<think>``/``<search>``/``<information>``/``<answer>`` tags, Search-R1's exact texts.
-
-    Parsing departs from Search-R1 in two documented ways: text inside ``<information>`` blocks that
-    the policy wrote itself is ignored, and an empty query is an invalid action (Search-R1 would
-    send an empty string to the retriever). With several queries in one observation (never the
-    case for this format's parser) their passage lists are concatenated, each numbered from 1.
-    """
-
-    name = "search_r1"
-    system_prompt: str | None = None
-    stop_sequences = ["</search>", "</answer>"]
-    tool_messages = False
-    generation_prefix = ""
-
-    def user_content(self, question: Question) -> str:
-        return SEARCH_R1_INSTRUCTION.format(question=normalize_question(question.text))
-
-    def parse_action(self, turn_text: str) -> Action:
-        text = remove_blocks(turn_text, "<information>", "</information>")
-        found = first_complete_tag(text, _SEARCH_R1_TAGS)
-        if found is None:
-            return Action(ActionKind.INVALID, error=no_action_reason(text, _SEARCH_R1_TAGS))
-        kind, content = found[0], found[1].strip()
-        if kind == "answer":
-            return Action(ActionKind.ANSWER, answer=content)
-        if not content:
-            return Action(ActionKind.INVALID, error="empty search query")
-        return Action(ActionKind.SEARCH, queries=[content])
-
-    def render_observation(self, results: list[tuple[str, list[Passage]]]) -> str:
-        body = "".join(render_passages_search_r1(passages) for _, passages in results)
-        return f"\n\n<information>{body.strip()}</information>\n\n"
-
-    def render_invalid(self) -> str:
-        return SEARCH_R1_INVALID
-
-    def render_error(self, message: str) -> str:
-        return f"\n\n<information>The search failed: {message}</information>\n\n"
-
-    def extract_answer(self, response_text: str) -> str | None:
-        text = remove_blocks(response_text, "<information>", "</information>")
-        return last_tag_content(text, "<answer>", "</answer>")
-
-
-# The other formats register themselves on import; imported last because they use the helpers above.
-from sleuth.rollout import formats_r1_searcher, formats_tool_call  # noqa: E402,F401

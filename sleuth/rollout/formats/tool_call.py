@@ -26,15 +26,15 @@ from __future__ import annotations
 import copy
 import json
 
-from sleuth.rollout.formats import (
+from sleuth.rollout.formats.base import (
     first_complete_tag,
     last_tag_content,
     no_action_reason,
     normalize_question,
     register,
     remove_blocks,
-    render_passages_search_r1,
 )
+from sleuth.rollout.formats.search_r1 import render_passages_search_r1
 from sleuth.types import Action, ActionKind, Passage, Question
 
 TOOL_CALL_SYSTEM = "You are a helpful and harmless assistant."

@@ -64,7 +64,7 @@ def run_demo(out: Path, *, steps: int = DEMO_STEPS, seed: int = 0, world_seed: i
     ``world_entities``) uses the same tiny base model: its names come from the one name inventory
     and pretraining renamed them at random, so the model knows no world's facts."""
     from sleuth.config import apply_overrides
-    from sleuth.data.world import generate_world
+    from sleuth.toy.world import generate_world
     from sleuth.train.loop import Trainer
 
     from transformers.utils import logging as hf_logging
@@ -79,7 +79,7 @@ def run_demo(out: Path, *, steps: int = DEMO_STEPS, seed: int = 0, world_seed: i
     world.write(out / "world")  # corpus.jsonl, train.jsonl, test.jsonl: for `sleuth ask` / `sleuth eval` later
     _stage(f"world: {len(world.passages)} passages, {len(world.train)} train / {len(world.test)} test questions", t0)
     if model is None:
-        from sleuth.train.tiny_cache import default_tiny_model_path
+        from sleuth.toy.cache import default_tiny_model_path
 
         # the shipped base model (pretraining seed 0) for every world; --seed varies the RL run only
         model_path, fmt = str(default_tiny_model_path()), "search_r1_tiny"
@@ -123,7 +123,7 @@ def run_demo(out: Path, *, steps: int = DEMO_STEPS, seed: int = 0, world_seed: i
         result["no_search_em"] = ablation_trainer.last_eval[0]["em"]
         _stage(f"no-search EM {result['no_search_em']:.3f}", t0)
     result["wall_minutes"] = (time.time() - t0) / 60
-    from sleuth.demo_report import write_report
+    from sleuth.demo.report import write_report
 
     try_it = try_commands(out, world.test[0].text)
     write_report(out, result, base=(base_summary, base_rows), trained=(trained_summary, trained_rows),
@@ -163,43 +163,3 @@ def try_commands(out: Path, question: str) -> list[str]:
     return [f"{cmd} ask {shlex.quote(question)} --model {run} --corpus {corpus}",
             f"{cmd} eval --model {run} --data {shlex.quote(str(world / 'test.jsonl'))} --corpus {corpus} "
             f"--out {shlex.quote(str(out / 'eval'))}"]
-
-
-def _run(args) -> int:
-    from sleuth.cli import UserError, output_dir, print_json_line
-
-    for flag, value in (("--steps", args.steps), ("--eval-limit", args.eval_limit)):
-        if value is not None and value < 1:
-            raise UserError(f"{flag} must be >= 1, got {value}")
-    out = output_dir(args.out)  # an existing file is refused, naming it, before any work
-    result = run_demo(out, steps=args.steps, seed=args.seed, world_seed=args.world_seed,
-                      world_entities=args.world_entities, model=args.model,
-                      eval_limit=args.eval_limit, progress=not args.json, ablation=not args.no_ablation,
-                      overrides=args.set)
-    keys = ("base_em", "trained_em", "single_hop_em", "two_hop_em", "no_search_em", "searches_per_question",
-            "wall_minutes")
-    if args.json:
-        print_json_line({k: result[k] for k in keys})
-    else:
-        for k in keys:
-            v = result[k]
-            print(f"{k:>24}: {v:.3f}" if isinstance(v, float) else f"{k:>24}: {v}")
-    return 0
-
-
-def register(sub) -> None:
-    p = sub.add_parser("demo", help="watch a tiny model learn to search (toy world, CPU, minutes)")
-    p.add_argument("--out", default="runs/demo", help="output directory (report.md, plots, runs)")
-    p.add_argument("--json", action="store_true", help="print one JSON summary as the last line")
-    p.add_argument("--steps", type=int, default=DEMO_STEPS, help="GRPO steps (each run)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the RL runs")
-    p.add_argument("--world-seed", type=int, default=0, help="seed of the toy world (the base model serves any)")
-    p.add_argument("--world-entities", type=int, default=DEMO_WORLD_ENTITIES,
-                   help="size of the toy world in entities (20 to 1100)")
-    p.add_argument("--model", default=None,
-                   help="a real model instead of the embedded one: hub name, local dir, .gguf file, or smollm2")
-    p.add_argument("--eval-limit", type=int, default=None, help="evaluate on at most N test questions")
-    p.add_argument("--no-ablation", action="store_true", help="skip the no-search ablation run")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a training setting of both runs, e.g. --set train.lr=1e-3 (repeatable)")
-    p.set_defaults(func=_run)

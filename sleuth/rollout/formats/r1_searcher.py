@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import re
 
-from sleuth.rollout.formats import (
+from sleuth.rollout.formats.base import (
     first_complete_tag,
     last_tag_content,
     no_action_reason,

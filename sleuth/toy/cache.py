@@ -1,7 +1,7 @@
 """Where the tiny base model comes from: the copy shipped in the package (``sleuth/assets/tiny``),
-the cache (``$SLEUTH_CACHE``), or a fresh pretraining run (:func:`sleuth.train.tiny.pretrain_tiny`).
+the cache (``$SLEUTH_CACHE``), or a fresh pretraining run (:func:`sleuth.toy.pretrain.pretrain_tiny`).
 
-``python -m sleuth.train.tiny_cache [OUT]`` rebuilds the shipped copy.
+``python -m sleuth.toy.cache [OUT]`` rebuilds the shipped copy.
 """
 
 from __future__ import annotations
@@ -9,14 +9,40 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import uuid
 from pathlib import Path
 
-from sleuth.data.world import World
-from sleuth.train.tiny import PretrainSpec, TinyModelSpec, cache_key, cache_root, pretrain_tiny
+from sleuth.toy.pretrain import pretrain_tiny
+from sleuth.toy.specs import PretrainSpec, TinyModelSpec, cache_key
+from sleuth.toy.world import World, generate_world
 
 BUNDLED_TINY = Path(__file__).resolve().parent.parent / "assets" / "tiny"
 """The embedded default's base model as shipped in the package (world seed 0, default specs), so a
-fresh clone needs no pretraining; ``python -m sleuth.train.tiny_cache`` rebuilds it."""
+fresh clone needs no pretraining; ``python -m sleuth.toy.cache`` rebuilds it."""
+
+
+def cache_root() -> Path:
+    """``$SLEUTH_CACHE`` or ``~/.cache/sleuth``."""
+    return Path(os.environ.get("SLEUTH_CACHE") or Path.home() / ".cache" / "sleuth").expanduser()
+
+def config_world(cfg) -> World:
+    """The toy world a config names (``data.world_seed``, ``data.world_entities``): what the data
+    files ``world:train`` / ``world:test`` and ``retrieval.corpus: world`` refer to."""
+    return generate_world(cfg.data.world_seed, n_entities=cfg.data.world_entities)
+
+
+def world_corpus_path(cfg) -> Path:
+    """Write the embedded world's corpus once into the cache and return its path."""
+    world = config_world(cfg)
+    out = cache_root() / "worlds" / world.fingerprint()
+    if not (out / "corpus.jsonl").exists():
+        tmp = out.with_name(out.name + f".tmp-{uuid.uuid4().hex[:12]}")
+        world.write(tmp)
+        try:
+            tmp.rename(out)
+        except OSError:  # another process won the race
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out / "corpus.jsonl"
 
 
 def bundled_tiny(key: str) -> Path | None:
@@ -58,16 +84,12 @@ def load_or_pretrain_tiny(world: World, cache_dir: str | Path | None = None, see
 
 def default_tiny_model_path() -> Path:
     """The embedded default's base model (world seed 0, default specs): shipped, cached or built."""
-    from sleuth.data.world import generate_world
-
     return load_or_pretrain_tiny(generate_world(0))
 
 
 def rebuild_bundled(out: Path = BUNDLED_TINY) -> dict:
     """Pretrain the default tiny model from scratch into ``out`` (the shipped copy by default),
     its weights stored in float16 to halve the package (loaded back as float32)."""
-    from sleuth.data.world import generate_world
-
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     summary = pretrain_tiny(generate_world(0), tmp)
@@ -87,7 +109,7 @@ def store_half(model_dir: Path) -> None:
     save_file(tensors, path, metadata={"format": "pt"})
 
 
-if __name__ == "__main__":  # python -m sleuth.train.tiny_cache [OUT]: rebuild the shipped tiny model
+if __name__ == "__main__":  # python -m sleuth.toy.cache [OUT]: rebuild the shipped tiny model
     import sys
 
     print(json.dumps(rebuild_bundled(Path(sys.argv[1]) if len(sys.argv) > 1 else BUNDLED_TINY), indent=2))

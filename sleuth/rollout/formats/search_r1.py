@@ -1,0 +1,112 @@
+"""The Search-R1 format (arXiv 2503.09516): ``<search>`` / ``<answer>`` tags, passages in
+``<information>`` blocks; and its short-prompt variant for the embedded tiny model."""
+
+from __future__ import annotations
+
+from sleuth.rollout.formats.base import (
+    first_complete_tag,
+    last_tag_content,
+    no_action_reason,
+    normalize_question,
+    register,
+    register_prompt_variant,
+    remove_blocks,
+)
+from sleuth.types import Action, ActionKind, Passage, Question
+
+# ---------------------------------------------------------------------------------------------
+
+# Byte-identical to the instruction Search-R1's released checkpoints were trained with
+# (PeterGriffinJin/Search-R1, scripts/data_process/nq_search.py make_prefix and infer.py; note the
+# original "as your want" typo, kept on purpose).
+SEARCH_R1_INSTRUCTION = (
+    "Answer the given question. "
+    "You must conduct reasoning inside <think> and </think> first every time you get new information. "
+    "After reasoning, if you find you lack some knowledge, you can call a search engine by "
+    "<search> query </search> and it will return the top searched results between <information> "
+    "and </information>. "
+    "You can search as many times as your want. "
+    "If you find no further external knowledge needed, you can directly provide the answer inside "
+    "<answer> and </answer>, without detailed illustrations. For example, <answer> Beijing </answer>. "
+    "Question: {question}\n"
+)
+
+# Verbatim from search_r1/llm_agent/generation.py execute_predictions.
+SEARCH_R1_INVALID = (
+    "\nMy previous action is invalid. "
+    "If I want to search, I should put the query between <search> and </search>. "
+    "If I want to give the final answer, I should put the answer between <answer> and </answer>. "
+    "Let me try again.\n"
+)
+
+_SEARCH_R1_TAGS = (("search", "<search>", "</search>"), ("answer", "<answer>", "</answer>"))
+
+
+def render_passages_search_r1(passages: list[Passage]) -> str:
+    """``Doc i(Title: <title>) <text>`` lines, as Search-R1's ``_passages2string``: the title is the
+    raw first line of the passage's ``contents`` (quoted as in wiki-18), the text the rest."""
+    lines = []
+    for i, p in enumerate(passages, 1):
+        title, _, text = p.contents.partition("\n")
+        lines.append(f"Doc {i}(Title: {title}) {text}\n")
+    return "".join(lines)
+
+
+@register
+class SearchR1Format:
+    """``<think>``/``<search>``/``<information>``/``<answer>`` tags, Search-R1's exact texts.
+
+    Parsing departs from Search-R1 in two documented ways: text inside ``<information>`` blocks that
+    the policy wrote itself is ignored, and an empty query is an invalid action (Search-R1 would
+    send an empty string to the retriever). With several queries in one observation (never the
+    case for this format's parser) their passage lists are concatenated, each numbered from 1.
+    """
+
+    name = "search_r1"
+    system_prompt: str | None = None
+    stop_sequences = ["</search>", "</answer>"]
+    tool_messages = False
+    generation_prefix = ""
+
+    def user_content(self, question: Question) -> str:
+        return SEARCH_R1_INSTRUCTION.format(question=normalize_question(question.text))
+
+    def parse_action(self, turn_text: str) -> Action:
+        text = remove_blocks(turn_text, "<information>", "</information>")
+        found = first_complete_tag(text, _SEARCH_R1_TAGS)
+        if found is None:
+            return Action(ActionKind.INVALID, error=no_action_reason(text, _SEARCH_R1_TAGS))
+        kind, content = found[0], found[1].strip()
+        if kind == "answer":
+            return Action(ActionKind.ANSWER, answer=content)
+        if not content:
+            return Action(ActionKind.INVALID, error="empty search query")
+        return Action(ActionKind.SEARCH, queries=[content])
+
+    def render_observation(self, results: list[tuple[str, list[Passage]]]) -> str:
+        body = "".join(render_passages_search_r1(passages) for _, passages in results)
+        return f"\n\n<information>{body.strip()}</information>\n\n"
+
+    def render_invalid(self) -> str:
+        return SEARCH_R1_INVALID
+
+    def render_error(self, message: str) -> str:
+        return f"\n\n<information>The search failed: {message}</information>\n\n"
+
+    def extract_answer(self, response_text: str) -> str | None:
+        text = remove_blocks(response_text, "<information>", "</information>")
+        return last_tag_content(text, "<answer>", "</answer>")
+
+
+TINY_INSTRUCTION = "Answer the question. Search for facts if you must. Question: {question}\n"
+
+
+@register_prompt_variant
+class TinySearchR1Format(SearchR1Format):
+    """Search-R1 tags and observations with the short :data:`TINY_INSTRUCTION` prompt (the
+    embedded tiny model's, ``rollout.format: search_r1_tiny``)."""
+
+    name = "search_r1_tiny"
+
+    def user_content(self, question: Question) -> str:
+        return TINY_INSTRUCTION.format(question=normalize_question(question.text))
