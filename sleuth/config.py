@@ -1,382 +1,349 @@
 """One dataclass tree for every setting of a run; YAML in and out; ``--set dotted.key=value``.
 
-No interpolation, no composition: a config is one YAML file whose keys mirror these dataclasses,
-plus command-line overrides. Unknown keys and wrongly typed values are errors that name the key.
+No interpolation, no composition: a config is one YAML file whose keys mirror these dataclasses, plus
+command-line overrides. The dataclasses are plain data (building one in code checks nothing); pydantic checks
+a config read from YAML or --set, or given to ``validate``, against the annotations: ``Literal`` choices, bounds
+as ``Field`` metadata. A wrong key or value is a ConfigError naming the key. The choices mirror the components'
+registries (formats, reward kinds, ...): ``tests/unit/test_config_registries.py`` keeps them equal.
 """
 
-from __future__ import annotations
-
 import dataclasses
-import math
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from types import NoneType, UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
+from pydantic import BeforeValidator, ConfigDict, Field, TypeAdapter, ValidationError, with_config
 
 
-@dataclass
+def _number(value: Any) -> Any:
+    """PyYAML (YAML 1.1) reads ``1e-6`` and ``1e3`` as strings: a string in Python's spellings (``1e-6``, ``5e3``,
+    ``1_000``, ``.5``, ``+2``) becomes a number (pydantic takes an integral float for an int); true/false is no
+    number (pydantic would take it as 1/0)."""
+    if isinstance(value, bool):
+        raise ValueError("a boolean is not a number")
+    if isinstance(value, str):
+        for parse in (int, float):
+            try:
+                return parse(value.strip())
+            except ValueError:
+                pass
+    return value
+
+
+Int = Annotated[int, BeforeValidator(_number)]
+Float = Annotated[float, BeforeValidator(_number)]  # finite: allow_inf_nan=False below
+Bool = Annotated[bool, Field(strict=True)]  # only true/false, not 1 or "yes"
+Names = Annotated[list[str], BeforeValidator(lambda v: [v] if type(v) in (str, int, float) else v)]  # a = [a]
+
+_RULES = ConfigDict(extra="forbid", allow_inf_nan=False, coerce_numbers_to_str=True, use_attribute_docstrings=True)
+
+
+def _section(cls: type) -> type:
+    return with_config(_RULES)(dataclass(cls))
+
+
+@_section
 class ModelConfig:
     name_or_path: str = "tiny"
     """Hub name, local directory, training checkpoint, or ``.gguf`` file; ``tiny`` = embedded model."""
     gguf_file: str | None = None
     """File name inside ``name_or_path`` to load with ``gguf_file=`` (set automatically for .gguf paths)."""
-    dtype: str = "float32"
-    """Compute dtype: float32, bfloat16 or float16. Training keeps float32 master weights and AdamW
-    state and runs every forward (rollout, logprobs, update) under autocast in this dtype; the frozen
-    reference is held in it; checkpoints hold the float32 weights. eval/ask load the weights in it.
-    float16 has no loss scaling here: prefer bfloat16."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Compute dtype. Training keeps float32 master weights and AdamW state and runs every forward (rollout,
+    logprobs, update) under autocast in this dtype; the frozen reference is held in it; checkpoints hold the
+    float32 weights. eval/ask load the weights in it. float16 has no loss scaling here: prefer bfloat16."""
     device: str = "auto"
     """``auto`` picks cuda when available, else cpu."""
-    lora_rank: int = 0
-    """> 0 trains LoRA adapters (peft) instead of all weights; the reference is the base model
-    with the adapters disabled (no second copy in memory)."""
-    lora_alpha: float = 32.0
-    lora_targets: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    lora_rank: Int = 0
+    """> 0 trains LoRA adapters (peft) instead of all weights; the reference is the base model with the adapters
+    disabled (no second copy in memory)."""
+    lora_alpha: Float = 32.0
+    """LoRA scaling alpha (the adapters' update is scaled by alpha / rank); used when lora_rank > 0."""
+    lora_targets: Names = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     """Module names that get adapters."""
 
 
-@dataclass
+@_section
 class DataConfig:
-    train_files: list[str] = field(default_factory=list)
-    """QA files for training (FlashRAG jsonl, json list, or Search-R1 parquet); ``world:train`` is
-    the embedded toy world's train split."""
-    eval_files: list[str] = field(default_factory=list)
+    train_files: Names = field(default_factory=list)
+    """QA files for training (FlashRAG jsonl, json list, or Search-R1 parquet); ``world:train`` is the embedded
+    toy world's train split."""
+    eval_files: Names = field(default_factory=list)
     """QA files for evaluation during and after training (``world:test`` for the toy world)."""
-    world_seed: int = 0
+    world_seed: Int = 0
     """Seed of the embedded toy world used by ``world:*`` files and ``retrieval.corpus: world``."""
-    world_entities: int = 600
+    world_entities: Int = 600
     """Size of the embedded toy world (entities; ``generate_world(n_entities=...)``)."""
-    limit: int | None = None
-    """Use the first N questions of each data source of each file, in file order (None = all); a
-    merged file such as Search-R1's test.parquet gives N of each of its datasets."""
-    shuffle: bool = True
+    limit: Annotated[Int | None, Field(ge=1)] = None
+    """Use the first N questions of each data source of each file, in file order (None = all); a merged file
+    such as Search-R1's test.parquet gives N of each of its datasets."""
+    shuffle: Bool = True
     """Shuffle training questions each epoch (seeded by train.seed)."""
 
 
-@dataclass
+@_section
 class RetrievalConfig:
-    kind: str = "bm25"
-    """bm25 | dense | hybrid | url | memory."""
+    kind: Literal["bm25", "dense", "hybrid", "url", "memory"] = "bm25"
+    """url: the server at ``url``. With ``index_dir``: bm25 or dense opens that side of a (hybrid) index, others
+    open it as built. With ``corpus``: memory scores term overlap in memory (tests, toy worlds), others BM25."""
     index_dir: str | None = None
     """Directory written by ``sleuth index build``."""
     corpus: str | None = None
-    """Corpus jsonl indexed with BM25 on the fly (cached) when no index_dir is given; ``world`` is
-    the embedded toy world's corpus."""
+    """Corpus jsonl indexed with BM25 on the fly (cached) when no index_dir is given; ``world`` is the embedded
+    toy world's corpus."""
     url: str | None = None
     """Search-R1 ``/retrieve`` endpoint when kind=url."""
-    topk: int = 3
+    topk: Annotated[Int, Field(ge=1)] = 3
     """Passages returned per query."""
-    timeout_s: float = 30.0
+    timeout_s: Annotated[Float, Field(gt=0)] = 30.0
     """Client timeout per request."""
-    retries: int = 3
+    retries: Annotated[Int, Field(ge=0)] = 3
     """Client retries with exponential backoff before a retrieval error."""
-    retry_for_s: float = 120.0
-    """kind=url: a server that has answered before and then fails (a restart, an overload) is
-    retried with backoff (at most 8 s apart) for up to this many seconds before the search counts
-    as failed. A server that never answered fails after ``retries`` (the start-up check is quick)."""
-    cache_size: int = 10000
+    retry_for_s: Annotated[Float, Field(ge=0)] = 120.0
+    """kind=url: a server that has answered before and then fails (a restart, an overload) is retried with
+    backoff (at most 8 s apart) for up to this many seconds before the search counts as failed. A server that
+    never answered fails after ``retries`` (the start-up check is quick)."""
+    cache_size: Annotated[Int, Field(ge=0)] = 10000
     """LRU entries of (query, k) -> passages kept by the client."""
     query_prefix: str | None = None
-    """Dense query prefix instead of the one the index_dir was built with (a warning when they
-    differ); None: the index's own (e.g. ``"query: "`` for e5, recorded at build)."""
+    """Dense query prefix instead of the one the index_dir was built with (a warning when they differ); None: the
+    index's own (e.g. ``"query: "`` for e5, recorded at build)."""
     passage_prefix: str | None = None
     """When set, refuse a dense index_dir built with another passage prefix; None: no check."""
 
 
-@dataclass
+@_section
 class RolloutConfig:
-    format: str = "search_r1"
-    """Protocol format: search_r1 | r1_searcher | tool_call | search_r1_tiny (short prompt of the
-    embedded tiny model)."""
-    group_size: int = 5
+    format: Literal["search_r1", "r1_searcher", "tool_call", "search_r1_tiny"] = "search_r1"
+    """Protocol format; search_r1_tiny is the short prompt of the embedded tiny model."""
+    group_size: Annotated[Int, Field(ge=1)] = 5
     """G: samples per question."""
-    max_turns: int = 4
+    max_turns: Annotated[Int, Field(ge=0)] = 4
     """Searches executed at most; then one final round in which searching is not executed."""
-    max_tokens_per_turn: int = 500
+    max_tokens_per_turn: Annotated[Int, Field(ge=1)] = 500
     """Tokens the policy may sample in one turn."""
-    max_obs_tokens: int = 512
+    max_obs_tokens: Annotated[Int, Field(ge=1)] = 512
     """Tokens of one rendered observation (passages truncated, closing tag kept)."""
-    max_context_tokens: int = 4096
+    max_context_tokens: Annotated[Int, Field(ge=1)] = 4096
     """Total tokens of prompt + response; the prompt is never cut, the trajectory stops instead."""
-    max_invalid: int = 2
+    max_invalid: Annotated[Int, Field(ge=0)] = 2
     """Invalid turns tolerated (each answered with the corrective message) before stopping."""
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    """0 disables top-k."""
-    use_chat_template: bool = True
+    temperature: Annotated[Float, Field(ge=0)] = 1.0
+    """Sampling temperature, also applied to the logits of the update's logprobs; 0 = greedy."""
+    top_p: Annotated[Float, Field(gt=0, le=1)] = 1.0
+    """Nucleus sampling: keep the most likely tokens up to this probability mass; 1 disables."""
+    top_k: Annotated[Int, Field(ge=0)] = 0
+    """Sample from the k most likely tokens only; 0 disables."""
+    use_chat_template: Bool = True
     """Apply the tokenizer's chat template when it has one; raw text otherwise."""
     final_nudge: str = ""
     """Text injected before the final no-search round (empty = none)."""
-    backend: str = "hf"
-    """Engine for training rollouts: hf (transformers, our batched decode loop) | vllm (an
-    in-process vLLM engine on the trainer's GPU, ``pip install 'sleuth[gpu]'``; one process only;
-    the trainer's weights are pushed into it after every update; its logprobs feed
-    ``algo.tis_cap``). Evaluation always uses the hf backend."""
-    vllm_gpu_memory_utilization: float = 0.3
+    backend: Literal["hf", "vllm"] = "hf"
+    """Engine for training rollouts: hf (transformers, our batched decode loop) | vllm (an in-process vLLM engine
+    on the trainer's GPU, ``pip install 'sleuth[gpu]'``; one process only; the trainer's weights are pushed into
+    it after every update; its logprobs feed ``algo.tis_cap``). Evaluation always uses the hf backend."""
+    vllm_gpu_memory_utilization: Float = 0.3
     """Share of the GPU's memory vLLM may take (its weights + KV cache); the trainer shares the GPU."""
-    vllm_enforce_eager: bool = False
+    vllm_enforce_eager: Bool = False
     """Run vLLM without CUDA graphs (faster start, slower decode)."""
 
 
-@dataclass
+@_section
 class RewardConfig:
-    kind: str = "em"
-    """em | f1 | cover_em | search_r1_v03 | r1_searcher_stage1 | r1_searcher_stage2."""
-    format_score: float = 0.0
+    kind: Literal["em", "f1", "cover_em", "search_r1_v03", "r1_searcher_stage1", "r1_searcher_stage2"] = "em"
+    """Reward function of a trajectory (``sleuth.reward``)."""
+    format_score: Float = 0.0
     """lambda_format of the Search-R1 v0.3 composite."""
-    retrieval_score: float = 0.0
+    retrieval_score: Float = 0.0
     """lambda_retrieval of the Search-R1 v0.3 composite."""
-    final_format_score: float = 0.0
+    final_format_score: Float = 0.0
     """Reward for a well-formed response with a wrong answer (Search-R1 v0.3)."""
 
 
-@dataclass
+@_section
 class AlgoConfig:
-    advantage: str = "grpo"
-    """grpo | drgrpo | rloo | reinforce_pp | gae."""
-    clip_low: float = 0.2
-    clip_high: float = 0.2
+    advantage: Literal["grpo", "drgrpo", "rloo", "reinforce_pp", "gae"] = "grpo"
+    """Advantage estimator; gae trains a critic (a second copy of the model)."""
+    clip_low: Annotated[Float, Field(ge=0)] = 0.2
+    """Lower clip: the probability ratio is clipped to [1 - clip_low, 1 + clip_high]."""
+    clip_high: Annotated[Float, Field(ge=0)] = 0.2
     """Upper clip (clip-higher when > clip_low)."""
-    dual_clip: float | None = None
+    dual_clip: Annotated[Float | None, Field(gt=1)] = None
     """Dual-clip constant c (> 1) for negative advantages; None disables."""
-    kl_coef: float = 0.001
-    kl_estimator: str = "k3"
-    """k1 | k2 | k3 (low-variance)."""
-    kl_mode: str = "loss"
+    kl_coef: Annotated[Float, Field(ge=0)] = 0.001
+    """Weight of the KL to the frozen reference (see kl_mode); 0 disables it and no reference is kept."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """KL estimator; k3 is low-variance."""
+    kl_mode: Literal["loss", "reward", "none"] = "loss"
     """loss (added to the policy loss) | reward (folded into the reward) | none."""
-    entropy_coef: float = 0.0
-    loss_agg: str = "token_mean"
-    """token_mean | seq_mean_token_mean | seq_sum_norm."""
-    tis_cap: float | None = None
+    entropy_coef: Float = 0.0
+    """Weight of the entropy bonus (-coef * entropy added to the loss; 0 = none)."""
+    loss_agg: Literal["token_mean", "seq_mean_token_mean", "seq_sum_norm"] = "token_mean"
+    """How per-token losses are reduced to one loss."""
+    tis_cap: Annotated[Float | None, Field(gt=0)] = None
     """Truncated importance sampling cap on trainer/sampler probability ratios; None disables."""
-    gamma: float = 1.0
-    lam: float = 1.0
-    value_clip: float = 0.5
+    gamma: Float = 1.0
+    """Discount per sampled token of reinforce_pp and gae returns."""
+    lam: Float = 1.0
+    """GAE lambda (advantage=gae)."""
+    value_clip: Float = 0.5
+    """Clip of the critic's values around the old ones in the value loss (advantage=gae)."""
 
 
-@dataclass
+@_section
 class TrainConfig:
-    total_steps: int = 100
-    questions_per_step: int = 8
+    total_steps: Annotated[Int, Field(ge=1)] = 100
+    """RL steps (each: rollouts, then an update); the cosine schedule ends here."""
+    questions_per_step: Annotated[Int, Field(ge=1)] = 8
     """Q: questions per step (rows B = Q * G)."""
-    lr: float = 1e-6
-    critic_lr: float = 1e-5
-    warmup_steps: int = 0
-    schedule: str = "constant"
-    """constant | cosine (after warm-up)."""
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    micro_batch_size: int = 8
+    lr: Annotated[Float, Field(ge=0)] = 1e-6
+    """AdamW learning rate of the policy (after warm-up, before decay)."""
+    critic_lr: Annotated[Float, Field(ge=0)] = 1e-5
+    """AdamW learning rate of the critic (advantage=gae)."""
+    warmup_steps: Annotated[Int, Field(ge=0)] = 0
+    """Steps of linear learning-rate warm-up (0 = none)."""
+    schedule: Literal["constant", "cosine"] = "constant"
+    """Learning rate after warm-up: constant, or cosine decay to 0 at total_steps."""
+    weight_decay: Annotated[Float, Field(ge=0)] = 0.0
+    """AdamW weight decay (policy and critic)."""
+    grad_clip: Annotated[Float, Field(ge=0)] = 1.0
+    """Gradient norm clipped to this before each optimizer step; 0 disables."""
+    micro_batch_size: Annotated[Int, Field(ge=1)] = 8
     """Rows per forward/backward; gradients are accumulated over micro-batches."""
-    mini_batches: int = 1
+    mini_batches: Annotated[Int, Field(ge=1)] = 1
     """Optimizer steps per rollout batch (PPO mini-batches)."""
-    epochs: int = 1
+    epochs: Annotated[Int, Field(ge=1)] = 1
     """Passes over each rollout batch (PPO epochs)."""
-    grad_checkpointing: bool = False
-    parallel: str = "ddp"
-    """Data parallelism under ``torchrun`` (ignored in one process): ``ddp`` (a full replica per
-    rank) or ``fsdp`` (FSDP2: parameters, gradients and optimizer state sharded per decoder block,
-    for models that do not fit one device; checkpoints stay plain ``save_pretrained`` directories)."""
-    cpu_threads: int | None = None
-    """torch intra-op threads when the model runs on CPU (None = torch's default, one per core).
-    Small models run faster on 1, much faster on a shared machine (torchrun already sets 1)."""
-    save_every: int = 0
+    grad_checkpointing: Bool = False
+    """Recompute the policy's activations in the backward pass: less memory, slower."""
+    parallel: Literal["ddp", "fsdp"] = "ddp"
+    """Data parallelism under ``torchrun`` (ignored in one process): ``ddp`` (a full replica per rank) or ``fsdp``
+    (FSDP2: parameters, gradients and optimizer state sharded per decoder block, for models that do not fit one
+    device; checkpoints stay plain ``save_pretrained`` directories)."""
+    cpu_threads: Annotated[Int | None, Field(ge=1)] = None
+    """torch intra-op threads when the model runs on CPU (None = torch's default, one per core). Small models run
+    faster on 1, much faster on a shared machine (torchrun already sets 1)."""
+    save_every: Annotated[Int, Field(ge=0)] = 0
     """Checkpoint every N steps (0 = only at the end)."""
-    eval_every: int = 0
+    eval_every: Annotated[Int, Field(ge=0)] = 0
     """Evaluate every N steps (0 = only at the end)."""
-    eval_limit: int | None = None
-    """Evaluate during training on the first N questions of each data source of each eval file
-    (None = all)."""
-    keep_checkpoints: int = 2
+    eval_limit: Annotated[Int | None, Field(ge=1)] = None
+    """Evaluate during training on the first N questions of each data source of each eval file (None = all)."""
+    keep_checkpoints: Annotated[Int, Field(ge=1)] = 2
     """Complete checkpoints kept on disk (older ones are deleted)."""
-    on_collapse: str = "warn"
+    on_collapse: Literal["warn", "stop", "rollback"] = "warn"
     """What the collapse watch does: warn | stop | rollback (to the last good checkpoint)."""
-    seed: int = 0
-    tensorboard: bool = False
-    wandb: bool = False
+    seed: Int = 0
+    """Seed of the run: python/numpy/torch, question order, rollout sampling."""
+    tensorboard: Bool = False
+    """Also write TensorBoard events to ``<out>/tensorboard``."""
+    wandb: Bool = False
+    """Also log to Weights & Biases, project ``sleuth`` (``pip install 'sleuth[logging]'``)."""
 
 
-@dataclass
+@_section
 class EvalConfig:
-    greedy: bool = True
-    limit: int | None = None
-    batch_size: int = 64
+    greedy: Bool = True
+    """Not read: evaluation is always greedy."""
+    limit: Annotated[Int | None, Field(ge=1)] = None
+    """Not read: during training see train.eval_limit; ``sleuth eval`` has ``--limit``."""
+    batch_size: Annotated[Int, Field(ge=1)] = 64
+    """Questions rolled out together by the evaluations during training."""
 
 
-@dataclass
+@_section
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
+    """The policy model."""
     data: DataConfig = field(default_factory=DataConfig)
+    """Questions to train and evaluate on."""
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
+    """The search engine."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """Multi-turn sampling."""
     reward: RewardConfig = field(default_factory=RewardConfig)
+    """Scoring of a trajectory."""
     algo: AlgoConfig = field(default_factory=AlgoConfig)
+    """The RL objective."""
     train: TrainConfig = field(default_factory=TrainConfig)
+    """Optimisation, checkpoints, logging."""
     eval: EvalConfig = field(default_factory=EvalConfig)
+    """Evaluation during training."""
 
 
 class ConfigError(ValueError):
     """A config key or value is wrong; the message names it."""
 
 
-# The values each string setting takes, and the least value of each number (None = "off"/"all",
-# never checked). ``validate`` checks them once, when a config is built from YAML or --set, so a
-# wrong value fails before any model is loaded, naming the key, not deep inside a run. Where a
-# component keeps a registry of its names, the choices are read from it (``_choices``).
-FIXED_CHOICES = {
-    "retrieval.kind": ("bm25", "dense", "hybrid", "url", "memory"),
-    "rollout.backend": ("hf", "vllm"),
-    "algo.kl_mode": ("loss", "reward", "none"),
-    "train.schedule": ("constant", "cosine"),
-    "train.parallel": ("ddp", "fsdp"),
-    "train.on_collapse": ("warn", "stop", "rollback"),
-}
+_ADAPTER = TypeAdapter(Config)
+_EXPECTED = {int: "an integer", float: "a finite number (e.g. 1e-6, 0.001, 3)", bool: "true/false",
+             str: "a string", list: "a list"}
 
 
-def _choices() -> dict[str, tuple]:
-    """FIXED_CHOICES plus the names the components register (imported here, when a config is checked)."""
-    from sleuth.algo.aggregate import LOSS_AGGREGATIONS
-    from sleuth.algo.kl import KL_ESTIMATORS
-    from sleuth.reward import REWARD_KINDS
-    from sleuth.rollout.formats import FORMATS
-    from sleuth.train.models import DTYPES
-    from sleuth.train.update import ADVANTAGES
-
-    return {**FIXED_CHOICES, "model.dtype": tuple(DTYPES), "reward.kind": tuple(REWARD_KINDS),
-            "rollout.format": (*FORMATS, *(() if "search_r1_tiny" in FORMATS else ("search_r1_tiny",))),
-            "algo.advantage": tuple(ADVANTAGES), "algo.kl_estimator": tuple(KL_ESTIMATORS),
-            "algo.loss_agg": tuple(LOSS_AGGREGATIONS)}
-
-
-AT_LEAST = {
-    "data.limit": 1, "retrieval.topk": 1, "retrieval.retries": 0, "retrieval.retry_for_s": 0,
-    "retrieval.cache_size": 0,
-    "rollout.group_size": 1, "rollout.max_turns": 0, "rollout.max_tokens_per_turn": 1, "rollout.max_obs_tokens": 1,
-    "rollout.max_context_tokens": 1, "rollout.max_invalid": 0, "rollout.temperature": 0, "rollout.top_k": 0,
-    "algo.clip_low": 0, "algo.clip_high": 0, "algo.kl_coef": 0, "train.total_steps": 1,
-    "train.questions_per_step": 1, "train.lr": 0, "train.critic_lr": 0, "train.warmup_steps": 0,
-    "train.weight_decay": 0, "train.grad_clip": 0, "train.micro_batch_size": 1, "train.mini_batches": 1,
-    "train.epochs": 1, "train.cpu_threads": 1, "train.save_every": 0, "train.eval_every": 0, "train.eval_limit": 1,
-    "train.keep_checkpoints": 1, "eval.limit": 1, "eval.batch_size": 1,
-}
-ABOVE = {"retrieval.timeout_s": 0, "rollout.top_p": 0, "algo.tis_cap": 0, "algo.dual_clip": 1}
+def _unwrap(tp: Any) -> tuple[Any, dict[str, Any]]:
+    """``(type, bounds)`` of a field annotation: Annotated metadata and ``| None`` peeled off."""
+    bounds: dict[str, Any] = {}
+    while True:
+        if get_origin(tp) is Annotated:
+            for meta in tp.__metadata__:
+                for b in getattr(meta, "metadata", ()):  # a FieldInfo's [Ge(ge=1), ...]
+                    bounds.update({k: getattr(b, k) for k in ("ge", "gt", "le", "lt") if hasattr(b, k)})
+            tp = get_args(tp)[0]
+        elif get_origin(tp) in (Union, UnionType):
+            tp = next(a for a in get_args(tp) if a is not NoneType)
+        else:
+            return tp, bounds
 
 
-def validate(cfg: Config) -> Config:
-    """Check every setting named in the choices / AT_LEAST / ABOVE; raise ConfigError naming the first bad one."""
-    def get(key: str):
-        section, name = key.split(".")
-        return getattr(getattr(cfg, section), name)
-
-    for key, choices in _choices().items():
-        if get(key) not in choices:
-            raise ConfigError(f"{key}: {get(key)!r} is not one of {list(choices)}")
-    for key, least in AT_LEAST.items():
-        if get(key) is not None and get(key) < least:
-            raise ConfigError(f"{key} must be >= {least}, got {get(key)!r}")
-    for key, bound in ABOVE.items():
-        if get(key) is not None and get(key) <= bound:
-            raise ConfigError(f"{key} must be > {bound}, got {get(key)!r}")
-    if cfg.rollout.top_p > 1:
-        raise ConfigError(f"rollout.top_p must be in (0, 1], got {cfg.rollout.top_p!r}")
-    return cfg
-
-
-def _coerce(value: Any, tp: Any, key: str) -> Any:
-    """Check/convert ``value`` against the annotation ``tp``; raise ConfigError naming ``key``."""
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(value, arg, key)
-            except ConfigError as e:
-                errors.append(str(e))
-        raise ConfigError(errors[0] if errors else f"{key}: bad value {value!r}")
-    if origin is list:
-        (item,) = typing.get_args(tp)
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            value = [value]
-        if not isinstance(value, list):
-            raise ConfigError(f"{key}: expected a list, got {value!r}")
-        return [_coerce(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
-    if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{key}: expected true/false, got {value!r}")
-    if tp is int:
-        number = _number(value)
-        if isinstance(number, int):
-            return number
-        if isinstance(number, float) and number.is_integer():
-            return int(number)  # 1e3, 1000.0
-        raise ConfigError(f"{key}: expected an integer, got {value!r}")
-    if tp is float:
-        number = _number(value)
-        if number is not None and math.isfinite(number):
-            return float(number)
-        raise ConfigError(f"{key}: expected a finite number (e.g. 1e-6, 0.001, 3), got {value!r}")
-    if tp is str:
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            return str(value)
-        raise ConfigError(f"{key}: expected a string, got {value!r}")
-    raise ConfigError(f"{key}: unsupported type {tp}")
-
-
-def _number(value: Any) -> int | float | None:
-    """``value`` as a number: ints and floats as they are, and numeric strings in the usual spellings
-    (``1e-6``, ``1E-6``, ``5e3``, ``1_000``, ``.5``, ``+2``), which YAML 1.1 (PyYAML) reads as strings
-    when the mantissa has no dot. None for anything else (booleans included)."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return value
-    if not isinstance(value, str):
-        return None
-    text = value.strip()
+def _message(err: dict, data: dict) -> str:
+    """A pydantic error as one line naming the dotted key and the value as given in ``data``."""
+    loc, got, kind = err["loc"], data, err["type"]
     try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        return float(text)
-    except ValueError:
-        return None
+        for p in loc:
+            got = got[p]
+    except (KeyError, IndexError, TypeError):
+        got = err["input"]
+    names = [p for p in loc if isinstance(p, str)]
+    key = ".".join(names) + "".join(f"[{p}]" for p in loc if isinstance(p, int))
+    holder = Config
+    for name in names[:-1]:
+        holder = _unwrap(holder.__dataclass_fields__[name].type)[0]
+    if kind == "unexpected_keyword_argument" or names[-1] not in holder.__dataclass_fields__:
+        return f"unknown config key {key!r}; valid keys here: {sorted(holder.__dataclass_fields__)}"
+    tp, b = _unwrap(holder.__dataclass_fields__[names[-1]].type)
+    if isinstance(loc[-1], int):
+        tp = get_args(tp)[0]  # an item of a list
+    low = b.get("ge", b.get("gt"))
+    if kind == "literal_error":
+        return f"{key}: {got!r} is not one of {list(get_args(tp))}"
+    if kind in ("greater_than", "greater_than_equal"):
+        return f"{key} must be {'>=' if 'ge' in b else '>'} {low}, got {got!r}"
+    if kind in ("less_than", "less_than_equal"):
+        interval = f"{'[' if 'ge' in b else '('}{low}, {b.get('le', b.get('lt'))}{']' if 'le' in b else ')'}"
+        return f"{key} must be in {interval}, got {got!r}"
+    expected = "a mapping" if dataclasses.is_dataclass(tp) else _EXPECTED.get(get_origin(tp) or tp, "another value")
+    return f"{key}: expected {expected}, got {got!r}"
 
 
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def from_dict(data: dict[str, Any], cls: type = Config, prefix: str = "") -> Any:
-    """Build a config dataclass from a nested dict, checking every key and type."""
+def from_dict(data: dict[str, Any] | None) -> Config:
+    """Build a Config from a nested dict, checking every key and value (ConfigError naming the first bad one)."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {data!r}")
-    hints = _hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
-    kwargs = {}
-    for key, value in data.items():
-        full = f"{prefix}{key}"
-        if key not in names:
-            raise ConfigError(f"unknown config key {full!r}; valid keys here: {sorted(names)}")
-        tp = hints[key]
-        if dataclasses.is_dataclass(tp):
-            kwargs[key] = from_dict(value, tp, prefix=f"{full}.")
-        else:
-            kwargs[key] = _coerce(value, tp, full)
-    built = cls(**kwargs)
-    return validate(built) if cls is Config else built
+        raise ConfigError(f"config: expected a mapping, got {data!r}")
+    data = {k: {} if v is None else v for k, v in data.items()}  # an empty YAML section (``eval:``): defaults
+    try:
+        return _ADAPTER.validate_python(data)
+    except ValidationError as e:
+        raise ConfigError(_message(e.errors()[0], data)) from None
+
+
+def validate(cfg: Config) -> Config:
+    """Check a config built or changed in code as one read from YAML is; return it unchanged."""
+    from_dict(to_dict(cfg))
+    return cfg
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

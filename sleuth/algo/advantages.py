@@ -35,6 +35,7 @@ import torch
 from sleuth.algo.aggregate import check_same_shape, masked_whiten
 
 __all__ = [
+    "ADVANTAGES",
     "broadcast_to_tokens",
     "discounted_returns",
     "gae_advantages",
@@ -44,6 +45,9 @@ __all__ = [
     "rloo_advantages",
     "token_rewards",
 ]
+
+ADVANTAGES = ("grpo", "drgrpo", "rloo", "reinforce_pp", "gae")
+"""The estimators ``algo.advantage`` names (``sleuth.train.update.compute_advantages`` dispatches on them)."""
 
 GroupIds = Sequence[Hashable] | torch.Tensor
 

@@ -46,13 +46,13 @@ def _prepare(args) -> int:
     from sleuth.output import output_dir, print_json_line
     from sleuth.data.prepare import prepare
     from sleuth.data.qa import QADataError
-    from sleuth.train.setup import build_format
+    from sleuth.rollout.formats import get_format
 
     if args.limit is not None and args.limit < 1:
         raise UserError(f"--limit must be >= 1, got {args.limit}")
     out = output_dir(args.out)
     try:
-        summary = prepare(args.train, args.test, out, build_format(args.format), hub=args.hub,
+        summary = prepare(args.train, args.test, out, get_format(args.format), hub=args.hub,
                           limit=args.limit)  # fmt: skip
     except QADataError as e:
         raise UserError(str(e)) from None

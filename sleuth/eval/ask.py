@@ -102,13 +102,13 @@ def _ask(args) -> int:
     from sleuth.eval.defaults import resolve_run_defaults
     from sleuth.eval.evaluate import NoRetriever, NoSearchFormat
     from sleuth.rollout.hf_backend import HFBackend
-    from sleuth.train.setup import build_format
+    from sleuth.rollout.formats import get_format
 
     if args.question is not None and not args.question.strip():
         raise UserError("the question is empty; give a question or none for interactive mode")
     resolve_run_defaults(args)
     rcfg = rollout_config(args)
-    fmt = build_format(rcfg.format)
+    fmt = get_format(rcfg.format)
     desc = describe_retriever(args)
     if args.temperature is not None:
         rcfg.temperature = args.temperature

@@ -164,7 +164,7 @@ def open_retriever(args, desc: dict, *, cache: bool = False, cache_dir: str | No
     before any model is loaded, not an eval whose every search failed."""
     from sleuth.config import Config, RetrievalConfig
     from sleuth.retrieval.factory import build_retriever
-    from sleuth.train.setup import probe_retriever
+    from sleuth.build import probe_retriever
 
     if args.no_search:
         return None
@@ -248,7 +248,7 @@ def _eval(args) -> int:
     from sleuth.eval.evaluate import evaluate, summarize
     from sleuth.eval.baseline import load_baseline
     from sleuth.eval.report import check_setting, is_finished, read_finished
-    from sleuth.train.setup import build_format
+    from sleuth.rollout.formats import get_format
 
     if args.limit is not None and args.limit < 1:
         raise UserError(f"--limit must be >= 1, got {args.limit}")
@@ -256,7 +256,7 @@ def _eval(args) -> int:
     if bool(args.judge_url) != bool(args.judge_model):
         raise UserError("--judge-url and --judge-model go together")
     rcfg = rollout_config(args)
-    fmt = build_format(rcfg.format)
+    fmt = get_format(rcfg.format)
     questions = load_eval_questions(args)
     retr = describe_retriever(args)
     setting = eval_setting(args, rcfg, retr)

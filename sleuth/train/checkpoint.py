@@ -21,8 +21,8 @@ Reading a checkpoint runs no code from it: ``trainer_state.pt`` and ``critic.pt`
 is safe. A damaged file (truncated by a kill or a full disk) is a :class:`CheckpointError` naming the
 file and the previous checkpoint to resume from.
 
-The run directory also holds ``config.yaml``: the settings the run last ran with (see
-:func:`write_run_config`; a ``--config`` file the user gave is never written over).
+The rest of the run directory's policy (``config.yaml``, refusing to write over an earlier run) is
+in :mod:`sleuth.train.rundir`.
 """
 
 from __future__ import annotations
@@ -38,6 +38,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from sleuth.train import distributed as par
 
 
 class CheckpointError(ValueError):
@@ -254,8 +256,6 @@ def _load_safetensors(ckpt: Path, file: Path) -> dict[str, torch.Tensor]:
 def load_policy_weights(policy, ckpt: Path) -> None:
     """Load a checkpoint's trained weights into ``policy`` (plain or FSDP-sharded): the LoRA
     adapters when the checkpoint has them, else the full ``policy/`` safetensors."""
-    from sleuth.train import distributed as par
-
     if (ckpt / "adapter").exists():  # LoRA: the adapters are the trained state
         from peft import set_peft_model_state_dict
 
@@ -274,70 +274,17 @@ def load_policy_weights(policy, ckpt: Path) -> None:
         policy.tie_weights()
 
 
-def _same_settings(path: Path, cfg) -> bool:
-    """Whether the YAML config at ``path`` holds exactly ``cfg``'s settings (defaults filled in)."""
-    from sleuth.config import ConfigError, load_config, to_dict
-
-    try:
-        return to_dict(load_config(path)) == to_dict(cfg)
-    except (ConfigError, OSError):
-        return False
-
-
-def write_run_config(cfg, run_dir: str | Path) -> bool:
-    """Record the settings a run uses in ``run_dir/config.yaml`` (read by ``--resume``'s comparison
-    and by ``sleuth eval --model RUN``); True when the file was written.
-
-    A file that already holds exactly these settings is left as it is, so a config the user keeps in
-    the run directory and passes as ``--config`` keeps its comments and layout (``sleuth train``
-    refuses first, in :func:`check_config_not_rewritten`, when ``--set`` would change it). Otherwise
-    the file is replaced atomically: written beside it, then renamed over it."""
-    from sleuth.config import save_config
-
-    path = Path(run_dir) / "config.yaml"
-    if path.is_file() and _same_settings(path, cfg):
-        return False
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    save_config(cfg, tmp)
-    os.replace(tmp, path)
-    return True
-
-
-def check_config_not_rewritten(config_file: str | Path | None, run_dir: str | Path, cfg) -> None:
-    """Refuse a run whose ``--config`` is the run directory's own ``config.yaml`` when ``cfg`` (the
-    file plus ``--set`` values) differs from it: recording the run's settings would write over the
-    user's file (its comments and layout lost, the ``--set`` values written in). Without changes the
-    file is simply kept (:func:`write_run_config`)."""
-    target = Path(run_dir) / "config.yaml"
-    if config_file is None or not target.exists() or not Path(config_file).exists():
-        return
-    if not os.path.samefile(config_file, target) or _same_settings(target, cfg):
-        return
-    from sleuth.config import ConfigError
-
-    raise ConfigError(
-        f"--config {config_file} is the run directory's config.yaml, where the run records the settings it "
-        f"uses; the --set values would be written into it (its comments lost). Put the change into {config_file} "
-        "itself instead of --set, or move the file out of the run directory and pass it from there as --config "
-        "(the run then writes its own config.yaml)"
-    )
-
-
 def optimizer_state(model, optimizer: torch.optim.Optimizer, *, sharded: bool) -> dict[str, Any]:
     """What a checkpoint stores for ``optimizer``: ``state_dict()`` (keyed by position), or for an
     FSDP model the gathered full state keyed by parameter name (a collective; full on rank 0)."""
     if not sharded:
         return optimizer.state_dict()
-    from sleuth.train import distributed as par
-
     return par.full_optimizer_state(model, optimizer)
 
 
 def load_optimizer_state(model, optimizer: torch.optim.Optimizer, state: dict[str, Any], *, where: Path) -> None:
     """Restore ``optimizer`` from :func:`optimizer_state`'s output. A name-keyed state (from an
     FSDP run) loads into plain and sharded models alike; a position-keyed one only into plain ones."""
-    from sleuth.train import distributed as par
-
     by_name = any(isinstance(p, str) for g in state.get("param_groups", []) for p in g["params"])
     if by_name:
         par.load_optimizer_state(model, optimizer, state)

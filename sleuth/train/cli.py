@@ -13,7 +13,7 @@ def _run(args) -> int:
     from sleuth.output import print_json_line
     from sleuth.config import load_config
     from sleuth.train import distributed as par
-    from sleuth.train.checkpoint import check_config_not_rewritten
+    from sleuth.train.rundir import check_config_not_rewritten
     from sleuth.train.loop import Trainer
 
     cfg = load_config(args.config, args.set)

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -246,3 +248,34 @@ def all_gather_objects(obj, *, world_size: int) -> list:
     out: list = [None] * world_size
     dist.all_gather_object(out, obj)
     return out
+
+
+@dataclass
+class DistContext:
+    """This process's place in a ``torchrun`` job (rank 0 of 1 without one)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def init_distributed() -> DistContext:
+    """Join the process group when launched by ``torchrun`` (gloo on CPU, nccl on GPU)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return DistContext()
+    if not dist.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend=backend)
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local)
+    return DistContext(dist.get_rank(), dist.get_world_size(), local)

@@ -111,6 +111,13 @@ def truncate_jsonl(path: Path, step: int) -> bool:
         tmp.unlink(missing_ok=True)
 
 
+def truncate_logs(out: Path, step: int) -> None:
+    """Drop the rows of ``metrics.jsonl`` and ``samples.jsonl`` after ``step`` (a resumed run re-does
+    the steps after its checkpoint), each file streamed and replaced atomically (:func:`truncate_jsonl`)."""
+    for name in ("metrics.jsonl", "samples.jsonl"):
+        truncate_jsonl(out / name, step)
+
+
 def wandb_run_id(out: Path, *, resume: bool) -> str:
     """The W&B run id of the run in ``out``: on resume the one kept in ``out/wandb_id.txt`` (so the
     same W&B run continues), else a new one, written there before W&B starts."""

@@ -12,50 +12,25 @@ the whole set's figures and writes checkpoints.
 
 from __future__ import annotations
 
-import copy
-import math
-import random
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from sleuth.build import (build_format, build_retriever, build_reward, load_eval_questions, probe_retriever,
+                          train_questions)
 from sleuth.config import Config, to_dict, validate
+from sleuth.models import compute_autocast
 from sleuth.train import distributed as par
-from sleuth.train.checkpoint import (latest_checkpoint, load_checkpoint_file, load_optimizer_state, load_policy_weights,
-                                     load_trainer_state, optimizer_state, save_checkpoint, set_rng_state,
-                                     write_run_config)
+from sleuth.train.checkpoint import latest_checkpoint
+from sleuth.train.distributed import init_distributed
 from sleuth.train.forward import batched_logprobs, length_buckets, padding_share
-from sleuth.train.logging import MetricsLogger
-from sleuth.models import DTYPES, compute_autocast
+from sleuth.train.logging import MetricsLogger, truncate_logs
+from sleuth.train.rundir import check_run_dir, warn_changed_settings, write_run_config
 from sleuth.train.sampler import CollapseWatch, QuestionSampler
-from sleuth.train.setup import (build_format, build_run_retriever, check_run_dir, init_distributed,
-                                load_eval_questions, load_questions_for, probe_retriever, warn_changed_settings)
+from sleuth.train.state import build_state, check_parallel_settings, restore_state, save_state, seed_everything
 from sleuth.train.update import UpdateBatch, compute_advantages, policy_update
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def make_scheduler(optimizer, cfg: Config):
-    """Linear warm-up, then constant or cosine decay to 0 at ``train.total_steps``."""
-    warm, total, kind = cfg.train.warmup_steps, max(cfg.train.total_steps, 1), cfg.train.schedule
-    if kind not in ("constant", "cosine"):
-        raise ValueError(f"train.schedule must be constant or cosine, got {kind!r}")
-
-    def factor(step: int) -> float:
-        if warm and step < warm:
-            return (step + 1) / warm
-        if kind == "constant":
-            return 1.0
-        progress = (step - warm) / max(total - warm, 1)
-        return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
 def _score(trajs, reward_fn) -> dict:
@@ -80,88 +55,29 @@ def _score(trajs, reward_fn) -> dict:
     }
 
 
-def _truncate_metrics(out: Path, step: int) -> None:
-    """Drop logged rows after ``step`` (a resumed run re-does the steps after its checkpoint). Each
-    file is streamed and replaced atomically; a torn last line is dropped with a warning
-    (:func:`sleuth.train.logging.truncate_jsonl`)."""
-    from sleuth.train.logging import truncate_jsonl
-
-    for name in ("metrics.jsonl", "samples.jsonl"):
-        truncate_jsonl(out / name, step)
-
-
 class Trainer:
     """Holds the run's objects; ``run()`` is the loop. Built from a Config and an output dir."""
 
     def __init__(self, cfg: Config, out_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
                  progress: bool = True):
-        from sleuth.reward import build_reward
-        from sleuth.models import load_policy, make_critic
-
         self.cfg, self.out = validate(cfg), Path(out_dir)
         self.ctx = init_distributed()
         if self.ctx.is_main:
             check_run_dir(self.out, resume=resume, overwrite=overwrite)
-        tc = cfg.train
-        if tc.questions_per_step % self.ctx.world_size:
-            raise ValueError(
-                f"train.questions_per_step={tc.questions_per_step} must be divisible by the "
-                f"{self.ctx.world_size} ranks"
-            )
-        par.check_parallel(tc.parallel)
-        self.sharded = self.ctx.enabled and tc.parallel == "fsdp"
-        if self.sharded and cfg.model.lora_rank > 0:
-            raise ValueError("train.parallel=fsdp does not support LoRA (model.lora_rank > 0); "
-                             "use train.parallel=ddp, which LoRA's small trainable state suits")
-        seed_everything(tc.seed)
+        sharded = check_parallel_settings(cfg, self.ctx)
+        seed_everything(cfg.train.seed)
         torch.use_deterministic_algorithms(True, warn_only=True)
-        mc = cfg.model
-        device = "cpu" if self.sharded else mc.device  # FSDP moves each rank's shards to its GPU
-        # float32 master weights and optimizer state whatever model.dtype says; the forwards run in
-        # model.dtype under autocast (self.compute); the frozen reference is kept in model.dtype
-        self.policy, self.tokenizer = load_policy(mc.name_or_path, dtype="float32", device=device,
-                                                  gguf_file=mc.gguf_file)
-        if tc.cpu_threads and next(self.policy.parameters()).device.type == "cpu":
-            torch.set_num_threads(tc.cpu_threads)  # after loading: building the tiny model sets its own
-        if tc.grad_checkpointing:
-            self.policy.gradient_checkpointing_enable()
-        self.ref = None
-        if mc.lora_rank > 0:
-            from sleuth.models import add_lora
-
-            self.policy = add_lora(self.policy, rank=mc.lora_rank, alpha=mc.lora_alpha, targets=mc.lora_targets)
-        elif cfg.algo.kl_coef > 0 and cfg.algo.kl_mode != "none":
-            self.ref = copy.deepcopy(self.policy).eval().requires_grad_(False).to(DTYPES[mc.dtype])
-        self.use_ref = cfg.algo.kl_coef > 0 and cfg.algo.kl_mode != "none"
-        self.critic = self.critic_model = self.critic_opt = None
-        if cfg.algo.advantage == "gae":
-            self.critic = make_critic(mc.name_or_path, dtype="float32", device=device, gguf_file=mc.gguf_file)
-        # the modules the update calls: DDP wrappers, or (FSDP) the same modules sharded in place
-        wrap = dict(parallel=tc.parallel, world_size=self.ctx.world_size, local_rank=self.ctx.local_rank)
-        self.model = par.wrap_for_update(self.policy, **wrap)
-        self.compute_device = next(self.policy.parameters()).device  # FSDP: where the shards went
-        if self.critic is not None:
-            self.critic_model = par.wrap_for_update(self.critic, **wrap)
-            self.critic_opt = torch.optim.AdamW(self.critic.parameters(), lr=tc.critic_lr,
-                                                weight_decay=tc.weight_decay)
-        if self.sharded and self.ref is not None:
-            par.shard(self.ref)  # forward-only; gathered around its logprob pass
-        trainable = [p for p in self.policy.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(trainable, lr=tc.lr, weight_decay=tc.weight_decay)
-        self.scheduler = make_scheduler(self.optimizer, cfg)
-        self.fmt = build_format(cfg.rollout.format)
-        self.retriever = build_run_retriever(cfg)
-        self.reward_fn = build_reward(cfg.reward)
-        self.sampler = QuestionSampler(load_questions_for(cfg.data.train_files, cfg), seed=tc.seed,
-                                       shuffle=cfg.data.shuffle)
-        if len(self.sampler.questions) < tc.questions_per_step:
-            raise ValueError(f"train.questions_per_step={tc.questions_per_step} but data.train_files hold "
+        self.state = build_state(cfg, self.ctx, sharded)  # policy, reference, critic, optimizers
+        self.policy, self.tokenizer, self.optimizer = self.state.policy, self.state.tokenizer, self.state.optimizer
+        self.fmt, self.retriever, self.reward_fn = build_format(cfg), build_retriever(cfg), build_reward(cfg)
+        self.sampler = QuestionSampler(train_questions(cfg), seed=cfg.train.seed, shuffle=cfg.data.shuffle)
+        if len(self.sampler.questions) < cfg.train.questions_per_step:
+            raise ValueError(f"train.questions_per_step={cfg.train.questions_per_step} but data.train_files hold "
                              f"{len(self.sampler.questions)} questions; lower it or add questions")
         if cfg.rollout.max_turns > 0:
             probe_retriever(self.retriever, cfg)
-        self.eval_questions = load_eval_questions(cfg)  # train.eval_limit per eval file
-        self.watch = CollapseWatch()
-        self.step = 0
+        self.eval_questions = load_eval_questions(cfg)  # train.eval_limit per data source of each eval file
+        self.watch, self.step = CollapseWatch(), 0
         self.last_eval: tuple[dict, list[dict]] | None = None
         if resume:
             warn_changed_settings(self.out / "config.yaml", cfg)
@@ -169,36 +85,26 @@ class Trainer:
         if self.ctx.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
             write_run_config(cfg, self.out)  # atomically; a file already holding these settings is kept as is
-            _truncate_metrics(self.out, self.step)
+            truncate_logs(self.out, self.step)  # a resumed run re-does the steps after its checkpoint
         # the vLLM rollout engine, built after a resume so that it starts from the current weights
         self.vllm = self._build_vllm() if cfg.rollout.backend != "hf" else None
-        self.logger = MetricsLogger(self.out, total_steps=tc.total_steps, tensorboard=tc.tensorboard,
-                                    wandb=tc.wandb, config=to_dict(cfg), enabled=self.ctx.is_main,
+        self.logger = MetricsLogger(self.out, total_steps=cfg.train.total_steps, tensorboard=cfg.train.tensorboard,
+                                    wandb=cfg.train.wandb, config=to_dict(cfg), enabled=self.ctx.is_main,
                                     progress=progress, resume=resume and self.step > 0)
 
     def compute(self):
         """The context every forward of the run executes in (autocast to ``model.dtype``)."""
-        return compute_autocast(self.cfg.model.dtype, self.compute_device)
+        return compute_autocast(self.cfg.model.dtype, self.state.compute_device)
 
     def _build_vllm(self):
         """The vLLM rollout engine (``rollout.backend: vllm``), holding the policy's current weights."""
-        from sleuth.rollout.vllm_backend import VLLMBackend
+        from sleuth.rollout.vllm_backend import VLLMBackend  # vllm is optional: imported only when used
 
         return VLLMBackend.from_trainer(self.policy, self.tokenizer, self.out / "vllm_engine", self.cfg.rollout,
                                         dtype=self.cfg.model.dtype, seed=self.cfg.train.seed,
                                         world_size=self.ctx.world_size)
 
     # -- checkpoints -------------------------------------------------------------------------
-    def _state(self) -> dict:
-        """Optimizer (FSDP: gathered, keyed by parameter name; a collective), scheduler, cursor."""
-        return {
-            "optimizer": optimizer_state(self.policy, self.optimizer, sharded=self.sharded),
-            "scheduler": self.scheduler.state_dict(),
-            "critic_optimizer": optimizer_state(self.critic, self.critic_opt, sharded=self.sharded)
-            if self.critic_opt else None,
-            "cursor": self.sampler.state(),
-        }
-
     def save(self) -> Path | None:
         """Every rank calls this (FSDP gathers the full state); rank 0 writes the checkpoint.
 
@@ -207,32 +113,17 @@ class Trainer:
         checkpoint ``latest`` names could not be atomic. Every rank makes the same decision."""
         if getattr(self, "_checkpointed_step", None) == self.step:
             return self.out / "checkpoints" / f"step_{self.step:06d}" if self.ctx.is_main else None
-        state, policy, critic_state = self._state(), self.policy, None
-        if self.sharded:
-            full = par.full_model_state(self.policy)
-            critic_state = par.full_model_state(self.critic) if self.critic is not None else None
-            policy = par.plain_model(self.policy, full) if self.ctx.is_main else None
         self._checkpointed_step = self.step
-        if not self.ctx.is_main:
-            return None
-        return save_checkpoint(self.out, self.step, policy=policy, tokenizer=self.tokenizer, trainer_state=state,
-                               critic=self.critic, critic_state=critic_state, keep=self.cfg.train.keep_checkpoints)
+        return save_state(self.state, self.out, self.step, self.sampler.state(), is_main=self.ctx.is_main,
+                          keep=self.cfg.train.keep_checkpoints)
 
     def _resume(self, ckpt: Path | None = None) -> None:
-        """Load a checkpoint (the run's latest by default). Its files are read as tensors and plain
-        data only (no pickled code runs); a damaged one is a CheckpointError naming the file."""
+        """Load a checkpoint (the run's latest by default; none: start fresh)."""
         ckpt = ckpt or latest_checkpoint(self.out)
         if ckpt is None:
-            return  # nothing to resume: start fresh
-        ts = load_trainer_state(ckpt)  # first: the small file, a damaged one fails before the weights load
-        load_policy_weights(self.policy, ckpt)
-        load_optimizer_state(self.policy, self.optimizer, ts["optimizer"], where=ckpt)
-        self.scheduler.load_state_dict(ts["scheduler"])
-        if self.critic is not None:
-            par.load_model_state(self.critic, load_checkpoint_file(ckpt, "critic.pt"))
-            load_optimizer_state(self.critic, self.critic_opt, ts["critic_optimizer"], where=ckpt)
+            return
+        ts = restore_state(self.state, ckpt)
         self.sampler.load_state(ts["cursor"])
-        set_rng_state(ts["rng"])
         self.step = self._checkpointed_step = ts["step"]
 
     # -- one step ----------------------------------------------------------------------------
@@ -272,11 +163,11 @@ class Trainer:
         metrics.update(_score(trajs, self.reward_fn))
         turns = sum(t.num_turns for t in trajs)
         metrics["rollout/invalid_rate"] = sum(t.num_invalid for t in trajs) / max(turns, 1)
-        ref = self._ref_logprobs(ids, att, mbs, temp) if self.use_ref else None
+        ref = self._ref_logprobs(ids, att, mbs, temp) if self.state.use_ref else None
         values = returns = None
-        if self.critic is not None:
-            with par.gathered(self.critic), torch.no_grad():
-                values = self.critic(ids, att).float()
+        if self.state.critic is not None:
+            with par.gathered(self.state.critic), torch.no_grad():
+                values = self.state.critic(ids, att).float()
         scores = torch.tensor([t.reward for t in trajs], dtype=torch.float32, device=device)
         adv, returns = compute_advantages(cfg.algo, scores, group_ids, mask, old_logprobs_BT=old,
                                           ref_logprobs_BT=ref, values_BT=values)
@@ -284,9 +175,9 @@ class Trainer:
                             ref_logprobs_BT=ref, returns_BT=returns, old_values_BT=values)
         self.policy.train()
         metrics.update(policy_update(
-            self.model, self.optimizer, batch, cfg.algo, micro_batch_size=mbs, mini_batches=tc.mini_batches,
-            epochs=tc.epochs, grad_clip=tc.grad_clip, temperature=temp, scheduler=self.scheduler,
-            seed=tc.seed * 1_000_003 + self.step, critic=self.critic_model, critic_optimizer=self.critic_opt,
+            self.state.model, self.optimizer, batch, cfg.algo, micro_batch_size=mbs, mini_batches=tc.mini_batches,
+            epochs=tc.epochs, grad_clip=tc.grad_clip, temperature=temp, scheduler=self.state.scheduler,
+            seed=tc.seed * 1_000_003 + self.step, critic=self.state.critic_model, critic_optimizer=self.state.critic_opt,
             norm_len=cfg.rollout.max_context_tokens,
         ))
         if self.vllm is not None:  # the next rollout samples from the updated weights
@@ -341,9 +232,9 @@ class Trainer:
 
     def _ref_logprobs(self, ids, att, mbs, temp):
         """The frozen reference's logprobs: a separate copy, or (LoRA) the policy without adapters."""
-        if self.ref is not None:
-            with par.gathered(self.ref):
-                return batched_logprobs(self.ref, ids, att, micro_batch_size=mbs, temperature=temp)
+        if self.state.ref is not None:
+            with par.gathered(self.state.ref):
+                return batched_logprobs(self.state.ref, ids, att, micro_batch_size=mbs, temperature=temp)
         with self.policy.disable_adapter():
             return batched_logprobs(self.policy, ids, att, micro_batch_size=mbs, temperature=temp)
 

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from sleuth.algo.advantages import (
+    ADVANTAGES,
     broadcast_to_tokens,
     gae_advantages,
     grpo_advantages,
@@ -38,8 +39,6 @@ from sleuth.algo.kl import kl_estimate, kl_loss
 from sleuth.algo.losses import clipped_policy_loss, entropy_bonus, tis_weights, value_loss
 from sleuth.config import AlgoConfig
 from sleuth.train.forward import length_buckets, token_logprobs
-
-ADVANTAGES = ("grpo", "drgrpo", "rloo", "reinforce_pp", "gae")
 
 
 @dataclass

@@ -7,7 +7,7 @@ import torch
 from sleuth.config import Config
 from sleuth.train.loop import Trainer
 from sleuth.train.sampler import CollapseWatch
-from sleuth.train.setup import DistContext
+from sleuth.train.distributed import DistContext
 
 pytestmark = pytest.mark.unit
 

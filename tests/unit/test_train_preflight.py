@@ -10,7 +10,8 @@ import torch
 from sleuth.cli import main
 from sleuth.config import Config
 from sleuth.models import pick_device
-from sleuth.train.setup import check_run_dir, probe_retriever
+from sleuth.train.rundir import check_run_dir
+from sleuth.build import probe_retriever
 
 pytestmark = pytest.mark.unit
 
@@ -93,7 +94,7 @@ def test_train_refusals_through_the_command(tmp_path, capsys):
 
 def test_resume_names_the_settings_that_changed(tmp_path, capsys):
     from sleuth.config import load_config, save_config
-    from sleuth.train.setup import warn_changed_settings
+    from sleuth.train.rundir import warn_changed_settings
 
     save_config(load_config(None, ["rollout.group_size=5"]), tmp_path / "config.yaml")
     now = load_config(None, ["rollout.group_size=8", "train.total_steps=200"])

@@ -14,9 +14,9 @@ import pytest
 
 from sleuth.cli import main
 from sleuth.config import load_config
-from sleuth.train.checkpoint import write_run_config
+from sleuth.train.rundir import write_run_config
 from sleuth.train.logging import MetricsLogger
-from sleuth.train.loop import _truncate_metrics
+from sleuth.train.logging import truncate_logs as _truncate_metrics
 
 pytestmark = pytest.mark.unit
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from sleuth.config import Config, from_dict
-from sleuth.train.setup import load_eval_questions, load_questions_for
+from sleuth.build import load_eval_questions, load_questions_for
 
 pytestmark = pytest.mark.unit
 

@@ -1,5 +1,7 @@
 """Core types and the config tree."""
 
+import re
+
 import pytest
 
 from sleuth.config import Config, ConfigError, apply_overrides, load_config, save_config
@@ -154,3 +156,119 @@ def test_integer_spellings_and_numbers_that_are_not():
     for bad in ("fast", "nan", "inf", "true"):
         with pytest.raises(ConfigError, match="train.lr: expected a finite number"):
             apply_overrides(Config(), [f"train.lr={bad}"])
+
+
+def test_config_imports_nothing_of_sleuth():
+    """Plain data: reading a config loads no component (the registries import the config, not the reverse)."""
+    import subprocess
+    import sys
+
+    code = "import sys, sleuth.config; print(sorted(m for m in sys.modules if m.startswith('sleuth')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['sleuth', 'sleuth.config']"
+
+
+def test_every_setting_is_documented_and_bounds_sit_in_the_schema():
+    from sleuth.config import _ADAPTER
+
+    schema = _ADAPTER.json_schema()
+    sections = [("Config", schema), *schema["$defs"].items()]
+    undocumented = [f"{name}.{key}" for name, s in sections for key, p in s["properties"].items()
+                    if not p.get("description")]
+    assert undocumented == []
+    rollout = schema["$defs"]["RolloutConfig"]["properties"]
+    assert (rollout["top_p"]["gt"], rollout["top_p"]["le"]) == (0, 1)
+    assert rollout["format"]["enum"][-1] == "search_r1_tiny"
+
+
+def test_every_bound_is_enforced_naming_the_key():
+    """For each number with a least value, the value just below it is refused with a message naming the key."""
+    import dataclasses
+
+    from sleuth.config import _unwrap
+
+    checked = 0
+    for section in dataclasses.fields(Config):
+        for f in dataclasses.fields(section.type):
+            _, bounds = _unwrap(f.type)
+            for op, edge in (("ge", bounds.get("ge")), ("gt", bounds.get("gt"))):
+                if edge is None:
+                    continue
+                key, bad = f"{section.name}.{f.name}", edge - 1 if op == "ge" else edge
+                sign = ">=" if op == "ge" else ">"
+                with pytest.raises(ConfigError, match=rf"^{key} must be {sign} {edge}, got {bad}$"):
+                    load_config(None, [f"{key}={bad}"])
+                checked += 1
+    assert checked >= 35
+
+
+def test_wrong_types_are_named_with_what_was_expected():
+    cases = {
+        "train.total_steps=true": "train.total_steps: expected an integer, got True",  # no bool for a number
+        "algo.tis_cap=false": "algo.tis_cap: expected a finite number (e.g. 1e-6, 0.001, 3), got False",
+        "train.wandb=1": "train.wandb: expected true/false, got 1",  # no number for a bool
+        "train.wandb='on'": "train.wandb: expected true/false, got 'on'",  # (bare on/yes are YAML 1.1 true)
+        "model.name_or_path=true": "model.name_or_path: expected a string, got True",
+        "data.train_files=[a, true]": "data.train_files[1]: expected a string, got True",
+        "data.train_files={a: 1}": "data.train_files: expected a list, got {'a': 1}",
+        "train.lr=.inf": "train.lr: expected a finite number (e.g. 1e-6, 0.001, 3), got inf",
+        "model.dtype=float64": "model.dtype: 'float64' is not one of ['float32', 'bfloat16', 'float16']",
+    }
+    for override, message in cases.items():
+        with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
+            apply_overrides(Config(), [override])
+    # what is no wrong type: a number for a string, one name for a list of names, null for an optional number
+    cfg = apply_overrides(Config(), ["model.name_or_path=123", "data.train_files=a.jsonl", "train.cpu_threads=null",
+                                     "model.lora_targets=[1, q_proj]", "train.total_steps= 1e1"])
+    assert (cfg.model.name_or_path, cfg.data.train_files, cfg.train.cpu_threads) == ("123", ["a.jsonl"], None)
+    assert (cfg.model.lora_targets, cfg.train.total_steps) == (["1", "q_proj"], 10)
+
+
+def test_yaml_file_errors_name_the_key_and_the_keys_there(tmp_path):
+    cases = {
+        "trian:\n  lr: 1\n": r"unknown config key 'trian'; valid keys here: \['algo', 'data', 'eval', 'model', ",
+        "train:\n  nope: 1\n": r"unknown config key 'train.nope'; valid keys here: \[.*'total_steps'",
+        "train: 3\n": "train: expected a mapping, got 3",
+        "- a\n- b\n": r"config: expected a mapping, got \['a', 'b'\]",
+        "rollout:\n  top_p: '1.5'\n": r"rollout.top_p must be in \(0, 1\], got '1.5'",  # the value as written
+        "train:\n  lr: nan\n": r"train.lr: expected a finite number .*, got 'nan'",
+    }
+    for text, message in cases.items():
+        (tmp_path / "c.yaml").write_text(text)
+        with pytest.raises(ConfigError, match=message):
+            load_config(tmp_path / "c.yaml")
+    # an empty section is the section's defaults; YAML numbers in the usual spellings for an int field
+    (tmp_path / "c.yaml").write_text("eval:\ntrain:\n  total_steps: 1e3\n  save_every: 1_0\n")
+    cfg = load_config(tmp_path / "c.yaml")
+    assert (cfg.eval, cfg.train.total_steps, cfg.train.save_every) == (Config().eval, 1000, 10)
+
+
+def test_dataclasses_are_plain_data_that_validate_checks():
+    """Building or changing a config in code checks nothing (components test their own errors that way);
+    ``validate`` (the trainer calls it) checks the whole config as a YAML file is checked."""
+    import dataclasses
+
+    from sleuth.config import RewardConfig, to_dict, validate
+
+    assert RewardConfig(kind="bleu").kind == "bleu"
+    cfg = Config()
+    cfg.train.eval_limit = 3
+    assert validate(cfg) is cfg
+    cfg.rollout = dataclasses.replace(cfg.rollout, top_p=0.0)
+    with pytest.raises(ConfigError, match="rollout.top_p must be > 0, got 0.0"):
+        validate(cfg)
+    cfg = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, top_p=0.9))
+    assert validate(cfg).rollout.top_p == 0.9 and to_dict(cfg)["train"]["eval_limit"] == 3
+    assert [f.name for f in dataclasses.fields(cfg)] == list(to_dict(cfg))
+
+
+def test_saved_yaml_keeps_the_sections_and_fields_in_order(tmp_path):
+    import yaml
+
+    cfg = apply_overrides(Config(), ["algo.dual_clip=3", "train.eval_limit=5", "rollout.top_p=0.5", "train.lr=1e-6",
+                                     "model.lora_targets=[q_proj]", "rollout.format=search_r1_tiny"])
+    save_config(cfg, tmp_path / "c.yaml")
+    data = yaml.safe_load((tmp_path / "c.yaml").read_text())
+    assert list(data) == ["model", "data", "retrieval", "rollout", "reward", "algo", "train", "eval"]
+    assert list(data["train"])[:3] == ["total_steps", "questions_per_step", "lr"] and data["train"]["lr"] == 1e-6
+    assert load_config(tmp_path / "c.yaml") == cfg

@@ -1,0 +1,147 @@
+"""The trainable state of a run, built from its config: the policy (float32 master weights), the frozen
+reference, the critic (PPO/GAE), their optimizers and the learning-rate schedule; and what a checkpoint
+holds of it (:func:`save_state`, :func:`restore_state`).
+
+Precision: whatever ``model.dtype`` says, the policy and critic and their AdamW states are float32;
+every forward runs under :func:`sleuth.models.compute_autocast` in ``model.dtype``, and the frozen
+reference is held in it. Data parallelism: the modules the update calls (``TrainState.model``,
+``TrainState.critic_model``) are DDP wrappers, or under FSDP the same modules sharded in place.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from sleuth.config import Config
+from sleuth.models import DTYPES, add_lora, load_policy, make_critic
+from sleuth.train import distributed as par
+from sleuth.train.checkpoint import (load_checkpoint_file, load_optimizer_state, load_policy_weights,
+                                     load_trainer_state, optimizer_state, save_checkpoint, set_rng_state)
+from sleuth.train.distributed import DistContext
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def make_scheduler(optimizer, cfg: Config):
+    """Linear warm-up, then constant or cosine decay to 0 at ``train.total_steps``."""
+    warm, total, kind = cfg.train.warmup_steps, max(cfg.train.total_steps, 1), cfg.train.schedule
+    if kind not in ("constant", "cosine"):
+        raise ValueError(f"train.schedule must be constant or cosine, got {kind!r}")
+
+    def factor(step: int) -> float:
+        if warm and step < warm:
+            return (step + 1) / warm
+        if kind == "constant":
+            return 1.0
+        progress = (step - warm) / max(total - warm, 1)
+        return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def check_parallel_settings(cfg: Config, ctx: DistContext) -> bool:
+    """Refuse settings the ranks cannot run; True when the update is sharded (FSDP under torchrun)."""
+    tc = cfg.train
+    if tc.questions_per_step % ctx.world_size:
+        raise ValueError(f"train.questions_per_step={tc.questions_per_step} must be divisible by the "
+                         f"{ctx.world_size} ranks")
+    par.check_parallel(tc.parallel)
+    sharded = ctx.enabled and tc.parallel == "fsdp"
+    if sharded and cfg.model.lora_rank > 0:
+        raise ValueError("train.parallel=fsdp does not support LoRA (model.lora_rank > 0); "
+                         "use train.parallel=ddp, which LoRA's small trainable state suits")
+    return sharded
+
+
+@dataclass
+class TrainState:
+    policy: torch.nn.Module
+    tokenizer: object
+    model: torch.nn.Module  # what the update calls: the policy, its DDP wrapper, or (FSDP) it sharded
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    compute_device: torch.device
+    sharded: bool
+    ref: torch.nn.Module | None = None  # the frozen reference (None with LoRA: the adapters disabled)
+    use_ref: bool = False
+    critic: torch.nn.Module | None = None
+    critic_model: torch.nn.Module | None = None
+    critic_opt: torch.optim.Optimizer | None = None
+
+
+def build_state(cfg: Config, ctx: DistContext, sharded: bool) -> TrainState:
+    """Load the policy (and reference, critic), wrap them for the update, make the optimizers."""
+    mc, tc = cfg.model, cfg.train
+    device = "cpu" if sharded else mc.device  # FSDP moves each rank's shards to its GPU
+    policy, tokenizer = load_policy(mc.name_or_path, dtype="float32", device=device, gguf_file=mc.gguf_file)
+    if tc.cpu_threads and next(policy.parameters()).device.type == "cpu":
+        torch.set_num_threads(tc.cpu_threads)  # after loading: building the tiny model sets its own
+    if tc.grad_checkpointing:
+        policy.gradient_checkpointing_enable()
+    use_ref = cfg.algo.kl_coef > 0 and cfg.algo.kl_mode != "none"
+    ref = None
+    if mc.lora_rank > 0:
+        policy = add_lora(policy, rank=mc.lora_rank, alpha=mc.lora_alpha, targets=mc.lora_targets)
+    elif use_ref:
+        ref = copy.deepcopy(policy).eval().requires_grad_(False).to(DTYPES[mc.dtype])
+    wrap = dict(parallel=tc.parallel, world_size=ctx.world_size, local_rank=ctx.local_rank)
+    model = par.wrap_for_update(policy, **wrap)
+    critic = critic_model = critic_opt = None
+    if cfg.algo.advantage == "gae":
+        critic = make_critic(mc.name_or_path, dtype="float32", device=device, gguf_file=mc.gguf_file)
+        critic_model = par.wrap_for_update(critic, **wrap)
+        critic_opt = torch.optim.AdamW(critic.parameters(), lr=tc.critic_lr, weight_decay=tc.weight_decay)
+    if sharded and ref is not None:
+        par.shard(ref)  # forward-only; gathered around its logprob pass
+    trainable = [p for p in policy.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=tc.lr, weight_decay=tc.weight_decay)
+    return TrainState(policy, tokenizer, model, optimizer, make_scheduler(optimizer, cfg),
+                      compute_device=next(policy.parameters()).device,  # FSDP: where the shards went
+                      sharded=sharded, ref=ref, use_ref=use_ref, critic=critic, critic_model=critic_model,
+                      critic_opt=critic_opt)
+
+
+def save_state(s: TrainState, out: Path, step: int, cursor: dict, *, is_main: bool, keep: int) -> Path | None:
+    """Every rank calls this (FSDP gathers the full state: collectives); rank 0 writes checkpoint
+    ``step`` (:func:`sleuth.train.checkpoint.save_checkpoint`)."""
+    state = {
+        "optimizer": optimizer_state(s.policy, s.optimizer, sharded=s.sharded),
+        "scheduler": s.scheduler.state_dict(),
+        "critic_optimizer": optimizer_state(s.critic, s.critic_opt, sharded=s.sharded) if s.critic_opt else None,
+        "cursor": cursor,
+    }
+    policy, critic_state = s.policy, None
+    if s.sharded:
+        full = par.full_model_state(s.policy)
+        critic_state = par.full_model_state(s.critic) if s.critic is not None else None
+        policy = par.plain_model(s.policy, full) if is_main else None
+    if not is_main:
+        return None
+    return save_checkpoint(out, step, policy=policy, tokenizer=s.tokenizer, trainer_state=state, critic=s.critic,
+                           critic_state=critic_state, keep=keep)
+
+
+def restore_state(s: TrainState, ckpt: Path) -> dict:
+    """Load checkpoint ``ckpt`` into ``s`` and the RNGs; returns the trainer state (step, cursor).
+    Files are read as tensors and plain data only (no pickled code runs); a damaged one is a
+    CheckpointError naming the file."""
+    ts = load_trainer_state(ckpt)  # first: the small file, a damaged one fails before the weights load
+    load_policy_weights(s.policy, ckpt)
+    load_optimizer_state(s.policy, s.optimizer, ts["optimizer"], where=ckpt)
+    s.scheduler.load_state_dict(ts["scheduler"])
+    if s.critic is not None:
+        par.load_model_state(s.critic, load_checkpoint_file(ckpt, "critic.pt"))
+        load_optimizer_state(s.critic, s.critic_opt, ts["critic_optimizer"], where=ckpt)
+    set_rng_state(ts["rng"])
+    return ts
