@@ -35,13 +35,7 @@ PARALLEL = ("ddp", "fsdp")
 
 # Metrics that are counts or throughputs are summed over ranks; durations take the slowest rank;
 # everything else (rates, means, losses) is averaged (ranks hold equal shares of the rows).
-SUMMED = {
-    "rollout/trajectories", "rollout/queries", "rollout/distinct_queries", "rollout/retrieval_calls",
-    "rollout/invalid", "rollout/retrieval_errors", "rollout/sampled_tokens", "rollout/injected_tokens",
-    "perf/sampled_tokens_per_s", "perf/tokens_per_s",
-    "rollout/failed_search_trajectories",
-    "algo/loss", "algo/value_loss",  # each rank's share is divided by the global token/row count: they add up
-}
+
 
 
 def check_parallel(parallel: str) -> None:
@@ -183,49 +177,6 @@ def plain_model(model, state: dict[str, torch.Tensor]):
     return plain
 
 
-def reduce_metrics(metrics: dict[str, float], *, world_size: int, question_ids: list[str]) -> dict[str, float]:
-    """Combine per-rank metrics: counts summed (``SUMMED``, ``rollout/stop/*``), durations (``*_s``)
-    the slowest rank's, the rest averaged; ``rollout/questions`` counts the distinct question ids
-    over all ranks (equal to the step's questions when the shards are disjoint)."""
-    if world_size <= 1 or not dist.is_initialized():
-        return {**metrics, "rollout/questions": float(len(set(question_ids)))}
-    gathered_: list = [None] * world_size
-    dist.all_gather_object(gathered_, (metrics, list(question_ids)))
-    keys = sorted({k for m, _ in gathered_ for k in m})
-    out: dict[str, float] = {}
-    for k in keys:
-        vals = [float(m.get(k, 0.0)) for m, _ in gathered_]
-        if k in SUMMED or k.startswith("rollout/stop/"):
-            out[k] = sum(vals)
-        elif k.endswith("_s") and not k.endswith("_per_s"):
-            out[k] = max(vals)
-        else:
-            out[k] = sum(vals) / world_size
-    out["rollout/questions"] = float(len({q for _, ids in gathered_ for q in ids}))
-    return out
-
-
-def all_sum(values: list[float], device: torch.device | str = "cpu") -> list[float]:
-    """``values`` summed over every rank (a collective under torchrun); as they are in one process."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return [float(v) for v in values]
-    t = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(t)
-    return t.tolist()
-
-
-def interleave(shards: list[list]) -> list:
-    """Undo ``items[rank::world]`` sharding: shard ``r`` holds items ``r, r + N, r + 2N, …`` of the
-    original list (N = ``len(shards)``); returns them in the original order."""
-    n = sum(len(s) for s in shards)
-    world = len(shards)
-    for r, s in enumerate(shards):
-        if len(s) != len(range(r, n, world)):
-            raise ValueError(f"shard {r} holds {len(s)} items; a {world}-way split of {n} gives it "
-                             f"{len(range(r, n, world))}")
-    return [shards[i % world][i // world] for i in range(n)]
-
-
 def shutdown() -> None:
     """Leave the process group (every rank, once the work is done); a no-op when none was joined.
 
@@ -239,15 +190,6 @@ def shutdown() -> None:
         return
     gc.collect()
     dist.destroy_process_group()
-
-
-def all_gather_objects(obj, *, world_size: int) -> list:
-    """Every rank's ``obj`` (picklable), in rank order, on every rank; ``[obj]`` in one process."""
-    if world_size <= 1 or not dist.is_initialized():
-        return [obj]
-    out: list = [None] * world_size
-    dist.all_gather_object(out, obj)
-    return out
 
 
 @dataclass

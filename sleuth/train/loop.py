@@ -23,8 +23,10 @@ from sleuth.build import (build_format, build_retriever, build_reward, load_eval
 from sleuth.config import Config, to_dict, validate
 from sleuth.models import compute_autocast
 from sleuth.train import distributed as par
+from sleuth.train import reduce
 from sleuth.train.checkpoint import latest_checkpoint
 from sleuth.train.distributed import init_distributed
+from sleuth.train.failed_searches import leave_out, retriever_down_error
 from sleuth.train.forward import batched_logprobs, length_buckets, padding_share
 from sleuth.train.logging import MetricsLogger, truncate_logs
 from sleuth.train.rundir import check_run_dir, warn_changed_settings, write_run_config
@@ -193,42 +195,19 @@ class Trainer:
             "perf/train_s": total - t_rollout,
             "perf/tokens_per_s": float(att.sum()) / max(total, 1e-9),
         })
-        metrics = par.reduce_metrics(metrics, world_size=self.ctx.world_size, question_ids=[q.id for q in mine])
+        metrics = reduce.reduce_metrics(metrics, world_size=self.ctx.world_size, question_ids=[q.id for q in mine])
         return metrics, trajs
 
     def _leave_out_failed_searches(self, trajs, group_ids: list[str], mask_BT: torch.Tensor, metrics: dict):
-        """A trajectory whose search failed (after the client's retries) read an error instead of
-        passages: not the policy's doing, so it is left out of the loss (its trained tokens are
-        unmasked, and it becomes a group of its own, so its reward enters no group's baseline or the
-        whitening). Counted in ``rollout/failed_search_trajectories``. When every search of the step
-        failed on every rank, the retriever is down: the run stops (RetrieverDownError) before the
-        update. Returns ``(group_ids, mask_BT)``; a collective under torchrun."""
-        from sleuth.retrieval.base import RetrieverDownError
-
-        failed_B = [t.num_retrieval_errors > 0 for t in trajs]
-        n_failed = sum(failed_B)
-        errors, ok = par.all_sum([sum(t.num_retrieval_errors for t in trajs), sum(t.num_searches for t in trajs)],
-                                 mask_BT.device)
+        """:func:`sleuth.train.failed_searches.leave_out` (a collective under torchrun); a step whose
+        every search failed on every rank stops the run (RetrieverDownError) before the update."""
+        errors, ok = reduce.all_sum([sum(t.num_retrieval_errors for t in trajs), sum(t.num_searches for t in trajs)],
+                                    mask_BT.device)
         if errors and not ok:
-            r = self.cfg.retrieval
-            where = f"{r.kind}: {r.url or r.index_dir or r.corpus}"
-            seen = next((text for t in trajs for text in t.retrieved_text if t.num_retrieval_errors), "")
-            last = self.latest_checkpoint_name()
-            raise RetrieverDownError(
-                f"every search of step {self.step} failed ({int(errors)} searches; the retriever ({where}) "
-                f"is down or failing): {seen.strip()[:300]!r}. Nothing of this step was trained. Start or fix "
-                f"the retriever, then continue with --resume ({last})")
+            raise retriever_down_error(trajs, self.cfg, self.step, int(errors), latest_checkpoint(self.out))
+        group_ids, mask_BT, n_failed = leave_out(trajs, group_ids, mask_BT)
         metrics["rollout/failed_search_trajectories"] = float(n_failed)
-        if not n_failed:
-            return group_ids, mask_BT
-        keep_B1 = torch.tensor([not f for f in failed_B], device=mask_BT.device)[:, None]
-        mask_BT = torch.where(keep_B1, mask_BT, torch.zeros_like(mask_BT))
-        group_ids = [f"{g}/failed-search/{i}" if f else g for i, (g, f) in enumerate(zip(group_ids, failed_B))]
         return group_ids, mask_BT
-
-    def latest_checkpoint_name(self) -> str:
-        ckpt = latest_checkpoint(self.out)
-        return f"the latest checkpoint is {ckpt.name}" if ckpt else "no checkpoint was written yet"
 
     def _ref_logprobs(self, ids, att, mbs, temp):
         """The frozen reference's logprobs: a separate copy, or (LoRA) the policy without adapters."""
@@ -257,8 +236,8 @@ class Trainer:
                                          no_search=no_search, seed=self.cfg.train.seed)
             perf = summary["perf"]
         if world > 1 or not mine:
-            shards = par.all_gather_objects((rows, perf), world_size=world)
-            rows = par.interleave([r for r, _ in shards])
+            shards = reduce.all_gather_objects((rows, perf), world_size=world)
+            rows = reduce.interleave([r for r, _ in shards])
             summary = summarize(rows)
             wall = max(p["seconds"] for _, p in shards)  # the slowest rank's
             summary["perf"] = {"seconds": wall, "generate_s": max(p["generate_s"] for _, p in shards),

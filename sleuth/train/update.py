@@ -34,11 +34,12 @@ from sleuth.algo.advantages import (
     rloo_advantages,
     token_rewards,
 )
-from sleuth.algo.aggregate import masked_mean, masked_sum, masked_whiten
+from sleuth.algo.aggregate import masked_mean, masked_sum
 from sleuth.algo.kl import kl_estimate, kl_loss
 from sleuth.algo.losses import clipped_policy_loss, entropy_bonus, tis_weights, value_loss
 from sleuth.config import AlgoConfig
 from sleuth.train.forward import length_buckets, token_logprobs
+from sleuth.train.reduce import all_ranks_true, global_sum, global_whiten, world_info
 
 
 @dataclass
@@ -93,52 +94,6 @@ def compute_advantages(
     return global_whiten(adv_BT, mask_BT), returns_BT
 
 
-def global_whiten(values_BT: torch.Tensor, mask_BT: torch.Tensor, *, eps: float = 1e-8) -> torch.Tensor:
-    """``masked_whiten`` with the mean and (unbiased) variance of the whole step's batch: under
-    torchrun the masked tokens of every rank (verl whitens the whole batch; N ranks must equal one
-    process). Two all-reduces (sum and count, then the squared deviations); one process: exactly
-    ``masked_whiten``."""
-    world, on = _world()
-    if not on:
-        return masked_whiten(values_BT, mask_BT, eps=eps)
-    m_BT = mask_BT.bool()
-    x_BT = torch.where(m_BT, values_BT.detach(), 0.0).double()  # [B, T]
-    first = torch.stack([x_BT.sum(), m_BT.sum().double()])  # [sum, count]
-    dist.all_reduce(first)
-    count = first[1]
-    mean = first[0] / count.clamp(min=1)
-    sq = torch.where(m_BT, (x_BT - mean).square(), 0.0).sum().reshape(1)
-    dist.all_reduce(sq)
-    var = torch.where(count >= 2, sq[0] / (count - 1).clamp(min=1), torch.zeros_like(sq[0]))
-    out_BT = (x_BT - mean) * torch.rsqrt(var + eps)
-    return torch.where(m_BT, out_BT, 0.0).to(values_BT.dtype)
-
-
-def _world() -> tuple[int, bool]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size(), True
-    return 1, False
-
-
-def _global_count(local: float, device: torch.device) -> float:
-    world, on = _world()
-    if not on:
-        return local
-    t = torch.tensor([local], dtype=torch.float64, device=device)
-    dist.all_reduce(t)
-    return float(t.item())
-
-
-def _all_ranks_finite(finite: bool, device: torch.device) -> bool:
-    """True only if the loss was finite on every rank."""
-    world, on = _world()
-    if not on:
-        return finite
-    t = torch.tensor([1.0 if finite else 0.0], device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MIN)
-    return bool(t.item() > 0)
-
-
 def _micro_loss(policy, b: UpdateBatch, rows: list[int], algo: AlgoConfig, denom: float, temperature: float,
                 norm_len: float | None):
     """Loss of one micro-batch (already divided by the mini-batch denominator) and its stats."""
@@ -188,7 +143,7 @@ def _combine_token_metrics(token_sums: dict[str, float], tokens: float, maxima: 
     """Token-weighted means and maxima over every rank's micro-batches (collectives under torchrun;
     every rank has the same keys, since they come from the shared config)."""
     keys, max_keys = sorted(token_sums), sorted(maxima)
-    _, on = _world()
+    _, on = world_info()
     sums = torch.tensor([token_sums[k] for k in keys] + [tokens], dtype=torch.float64, device=device)
     peaks = torch.tensor([maxima[k] for k in max_keys], dtype=torch.float64, device=device)
     if on:
@@ -228,7 +183,7 @@ def policy_update(
     B = batch.input_ids_BT.shape[0]
     if mini_batches < 1 or mini_batches > B:
         raise ValueError(f"train.mini_batches must be in [1, {B}] for a batch of {B} rows, got {mini_batches}")
-    world, _ = _world()
+    world, _ = world_info()
     device = next(policy.parameters()).device
     gen = torch.Generator().manual_seed(seed)
     sums: dict[str, float] = {}  # other per-micro-batch metrics, averaged
@@ -243,7 +198,7 @@ def policy_update(
         perm = torch.randperm(B, generator=gen).tolist() if mini_batches > 1 else list(range(B))
         for m in range(mini_batches):
             mb_rows = perm[m::mini_batches]
-            denom = _global_count(_denominator(algo, batch.loss_mask_BT, mb_rows), device)
+            denom = global_sum(_denominator(algo, batch.loss_mask_BT, mb_rows), device)
             optimizer.zero_grad(set_to_none=True)
             if critic_optimizer is not None:
                 critic_optimizer.zero_grad(set_to_none=True)
@@ -269,7 +224,7 @@ def policy_update(
                 n_stats += 1
             losses.append(mb_loss)
             value_losses.append(mb_value_loss)
-            finite = _all_ranks_finite(finite, device)
+            finite = all_ranks_true(finite, device)
             params = [p for p in policy.parameters() if p.grad is not None]
             norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip else float("inf"))
             if critic is not None:

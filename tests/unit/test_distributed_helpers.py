@@ -2,7 +2,7 @@
 
 import pytest
 
-from sleuth.train import distributed as par
+from sleuth.train import reduce as par
 
 pytestmark = pytest.mark.unit
 
