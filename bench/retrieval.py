@@ -157,7 +157,8 @@ def faiss_compression(dense, questions: dict, configs: list[str], seed: int = 0)
     Indexes are built by :func:`make_faiss_index`, the code path of ``sleuth index build --faiss``."""
     import faiss
 
-    from sleuth.retrieval.dense import default_search_params, encode_queries, make_faiss_index
+    from sleuth.retrieval.dense import default_search_params, make_faiss_index
+    from sleuth.retrieval.encoder import encode_queries
 
     rows_q = [(q, g) for r in questions.values() for q, g in r]
     emb_ND = np.ascontiguousarray(dense.index.reconstruct_n(0, dense.index.ntotal))

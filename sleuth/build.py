@@ -1,6 +1,7 @@
 """Config -> the parts of a run: its questions, retriever, protocol format and reward. The one place
 that turns the names a config holds (``world:train``, ``retrieval.corpus: world``, a format or
-reward name) into objects; the training loop, ``sleuth eval`` and ``sleuth ask`` all build here.
+reward name) into objects. The training loop builds its parts here; ``sleuth eval`` and ``sleuth ask``
+take theirs from flags (:mod:`sleuth.eval.common`) and use its start-up probe.
 
 The embedded world is addressed by name so configs stay self-contained: a data file ``world:train``
 or ``world:test`` means the toy world's split (seed ``data.world_seed``), and
@@ -17,7 +18,7 @@ from sleuth.retrieval.base import Retriever
 from sleuth.retrieval.factory import build_retriever as retriever_from_config
 from sleuth.reward import build_reward as reward_from_config
 from sleuth.rollout.formats import ProtocolFormat, get_format
-from sleuth.toy.cache import config_world, world_corpus_path
+from sleuth.toy.corpus import config_world, world_corpus_path
 from sleuth.types import Question
 
 

@@ -12,7 +12,9 @@ import argparse
 import importlib
 import sys
 
+from sleuth import __version__
 from sleuth.errors import UserError
+from sleuth.retrieval.base import RetrieverDownError
 
 # Modules that contribute commands, in help order.
 COMMAND_MODULES = [
@@ -42,8 +44,6 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.version:
-        from sleuth import __version__
-
         print(__version__)
         return 0
     if not getattr(args, "func", None):
@@ -53,13 +53,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except (UserError, FileNotFoundError, ValueError) as e:
         # Input errors carry messages that name the input; a traceback would only hide them.
-        from sleuth.config import ConfigError  # noqa: F401  (ConfigError is a ValueError)
-
         print(f"sleuth: error: {e}", file=sys.stderr)
         return 2
     except Exception as e:  # a retriever that stays down: the message says what happened and what to do
-        from sleuth.retrieval.base import RetrieverDownError
-
         if not isinstance(e, RetrieverDownError):
             raise
         print(f"sleuth: error: {e}", file=sys.stderr)

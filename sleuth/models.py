@@ -17,6 +17,10 @@ from pathlib import Path
 
 import torch
 
+from sleuth.device import check_device
+from sleuth.toy.cache import default_tiny_model_path
+from sleuth.train.checkpoint import previous_checkpoint
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -49,8 +53,6 @@ def _damaged_weights_error(source: "ModelSource", e: Exception) -> ModelLoadErro
             hint = "save or download the model again"
             ckpt = file.parent.parent  # RUN/checkpoints/step_X/policy/model.safetensors
             if file.parent.name == "policy" and ckpt.parent.name == "checkpoints":
-                from sleuth.train.checkpoint import previous_checkpoint
-
                 prev = previous_checkpoint(ckpt)
                 hint = (f"checkpoint {ckpt} is damaged; " + (
                     f"use the previous checkpoint {prev} instead (to resume the run from it: "
@@ -124,8 +126,6 @@ def resolve_model(name_or_path: str, gguf_file: str | None = None) -> ModelSourc
 def pick_device(device: str = "auto") -> torch.device:
     """``auto`` (cuda when available, else cpu), or a device this machine has; anything else is a
     ValueError naming the value and what is valid (:func:`sleuth.device.check_device`)."""
-    from sleuth.device import check_device
-
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(check_device(device, flag="--device / model.device"))
@@ -161,8 +161,6 @@ def load_policy(name_or_path: str, *, dtype: str = "float32", device: str = "aut
     if dtype not in DTYPES:
         raise ValueError(f"model.dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     if name_or_path == "tiny":
-        from sleuth.toy.cache import default_tiny_model_path  # built and cached on first use
-
         name_or_path = str(default_tiny_model_path())
     source = resolve_model(name_or_path, gguf_file)
     target = pick_device(device)  # a bad device fails before the (slow) load

@@ -135,10 +135,47 @@ class Action:
 
 
 @dataclass
+class SearchOutcome:
+    """What an executed search gave the policy: one list per query of the turn (in its order)."""
+
+    passage_ids: list[list[str]]  # an empty list per query when the search failed
+    titles: list[list[str]]  # the titles of those passages
+    observation: str  # the injected text: rendered passages or the format's error message
+    error: str | None = None  # the retriever's exception (``Type: message``) when the search failed
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+
+@dataclass
+class Turn:
+    """One policy turn as the rollout loop handled it; ``Trajectory.turns`` holds one per sampled
+    segment, in order, written while the rollout runs (later stages never re-parse the text).
+
+    ``action`` is what the format parsed out of ``text``; ``finish_reason`` is the backend's
+    (``stop``, ``eos`` or ``length``). ``search`` is set when the loop executed the turn's search;
+    it stays None for a search it did not run (final round, or a turn cut by its token cap).
+    """
+
+    text: str
+    action: Action
+    finish_reason: str = "stop"
+    search: SearchOutcome | None = None
+
+    @property
+    def executed(self) -> bool:
+        """Whether the loop ran this turn's search (failed searches included)."""
+        return self.search is not None
+
+
+@dataclass
 class Trajectory:
     """One sample for one question: the full token history and what happened.
 
-    ``segments[0]`` is the injected prompt. Everything after it is the *response*.
+    ``segments[0]`` is the injected prompt. Everything after it is the *response*. ``turns`` is the
+    typed history of the policy turns (one per sampled segment, see :class:`Turn`); ``queries``,
+    ``passage_ids`` and ``retrieved_text`` list every search flat, in order.
     """
 
     question: Question
@@ -154,7 +191,7 @@ class Trajectory:
     num_invalid: int = 0  # turns answered with the corrective message
     num_retrieval_errors: int = 0
     reward: float | None = None
-    metrics: dict[str, float] = field(default_factory=dict)
+    turns: list[Turn] = field(default_factory=list)  # one per policy turn, in order
 
     @property
     def group_id(self) -> str:

@@ -9,6 +9,11 @@ from __future__ import annotations
 
 import argparse
 
+from sleuth.data.qa import QADataError
+from sleuth.errors import UserError
+from sleuth.output import output_dir, print_json_line
+from sleuth.rollout.formats import get_format
+
 _DESCRIPTION = """\
 Merge QA files into OUT/train.parquet and OUT/test.parquet (Search-R1's schema and prompt).
 
@@ -42,11 +47,7 @@ def register(sub) -> None:
 
 
 def _prepare(args) -> int:
-    from sleuth.errors import UserError
-    from sleuth.output import output_dir, print_json_line
-    from sleuth.data.prepare import prepare
-    from sleuth.data.qa import QADataError
-    from sleuth.rollout.formats import get_format
+    from sleuth.data.prepare import prepare  # lazy: sleuth --help start-up (pyarrow)
 
     if args.limit is not None and args.limit < 1:
         raise UserError(f"--limit must be >= 1, got {args.limit}")

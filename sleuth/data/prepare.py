@@ -25,7 +25,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from sleuth.data.qa import QADataError, load_hub, load_questions, write_searchr1_parquet
+from sleuth.data.qa import QADataError, load_hub, load_questions
+from sleuth.data.searchr1_parquet import write_searchr1_parquet
 from sleuth.types import Question
 
 SPLITS = ("train", "dev", "test", "val", "validation")

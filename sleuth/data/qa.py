@@ -1,4 +1,5 @@
-"""Load and write QA sets: FlashRAG jsonl, plain JSON lists, and Search-R1 parquet.
+"""Load QA sets: FlashRAG jsonl, plain JSON lists, and Search-R1 parquet (written by
+:mod:`sleuth.data.searchr1_parquet`).
 
 Formats read by :func:`load_questions` (chosen by file suffix):
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +84,7 @@ def _json_list_rows(path: Path) -> Iterator[tuple[str, dict]]:
 
 
 def _parquet_rows(path: Path) -> Iterator[tuple[str, dict]]:
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # lazy: sleuth --help start-up (sleuth.eval.cli imports this module)
 
     try:
         pf = pq.ParquetFile(path)
@@ -251,56 +252,15 @@ def load_questions(
 
 
 # ---------------------------------------------------------------------------------------------
-# Writing Search-R1 parquet; the hub path
+# The hub path
 # ---------------------------------------------------------------------------------------------
-
-
-def searchr1_rows(questions: Sequence[Question], fmt: Any = None, *, split: str = "train") -> list[dict]:
-    """Search-R1's parquet rows (schema of ``nq_search.py`` plus the FlashRAG columns it keeps)."""
-    from sleuth.rollout.formats import SearchR1Format, normalize_question
-
-    fmt = fmt if fmt is not None else SearchR1Format()
-    rows = []
-    for index, q in enumerate(questions):
-        prompt = [{"role": "user", "content": fmt.user_content(q)}]
-        if fmt.system_prompt is not None:
-            prompt.insert(0, {"role": "system", "content": fmt.system_prompt})
-        rows.append(
-            {
-                "data_source": q.data_source,
-                "prompt": prompt,
-                "ability": "fact-reasoning",
-                "reward_model": {"style": "rule", "ground_truth": {"target": list(q.golden_answers)}},
-                "extra_info": {"split": split, "index": index},
-                "id": str(q.meta.get("row_id", q.id)),
-                "question": normalize_question(q.text),
-                "golden_answers": list(q.golden_answers),
-            }
-        )
-    return rows
-
-
-def write_searchr1_parquet(
-    questions: Sequence[Question], path: str | Path, fmt: Any = None, *, split: str = "train"
-) -> Path:
-    """Write ``questions`` as a Search-R1 training/eval parquet (prompt built by ``fmt``, default
-    Search-R1's). Returns the path. Reading it back gives the same ids when ``split`` matches."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    if not questions:
-        raise QADataError(f"{path}: no questions to write")
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(searchr1_rows(questions, fmt, split=split)), path)
-    return path
 
 
 def load_hub(name: str, split: str, *, limit: int | None = None) -> list[Question]:
     """Questions of one FlashRAG dataset from the Hugging Face hub
     (``datasets.load_dataset("RUC-NLPIR/FlashRAG_datasets", name)``); needs ``datasets`` and internet."""
     try:
-        import datasets
+        import datasets  # lazy: optional dependency (sleuth[hub])
     except ImportError as e:
         raise QADataError("load_hub needs the 'datasets' package: pip install 'sleuth[hub]'") from e
     try:

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sleuth.eval.metrics import EvalSummary
 
 
-def _plots(out: Path, result: dict, base: dict, trained: dict, metrics_path: Path) -> list[str]:
+def _plots(out: Path, result: dict, base: EvalSummary, trained: EvalSummary, metrics_path: Path) -> list[str]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -39,7 +43,7 @@ def _plots(out: Path, result: dict, base: dict, trained: dict, metrics_path: Pat
     axes[0].set_ylim(0, 1)
     axes[0].set_title("Test EM")
     axes[0].legend(fontsize=7)
-    axes[1].bar(["base", "trained"], [base["searches"], trained["searches"]], color=["C0", "C1"])
+    axes[1].bar(["base", "trained"], [base.searches, trained.searches], color=["C0", "C1"])
     axes[1].set_title("Searches per question")
     fig.tight_layout()
     fig.savefig(out / "em.png", dpi=110)
@@ -47,10 +51,10 @@ def _plots(out: Path, result: dict, base: dict, trained: dict, metrics_path: Pat
     names.append("em.png")
 
     fig, ax = plt.subplots(figsize=(6, 3.2))
-    reasons = sorted(set(base["stop_reasons"]) | set(trained["stop_reasons"]))
+    reasons = sorted(set(base.stop_reasons) | set(trained.stop_reasons))
     left = [0.0, 0.0]
     for reason in reasons:
-        vals = [base["stop_reasons"].get(reason, 0.0), trained["stop_reasons"].get(reason, 0.0)]
+        vals = [base.stop_reasons.get(reason, 0.0), trained.stop_reasons.get(reason, 0.0)]
         ax.barh(["base", "trained"], vals, left=left, label=reason)
         left = [a + b for a, b in zip(left, vals)]
     ax.set_xlim(0, 1)

@@ -19,6 +19,13 @@ import json
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sleuth.demo.report import write_report
+from sleuth.toy.world import generate_world
+
+if TYPE_CHECKING:  # annotations only: `sleuth --help` imports this module (through eval's defaults)
+    from sleuth.eval.metrics import EvalSummary
 
 DEMO_STEPS = 40  # the reward plateaus after ~40 steps (measured: 100 steps add ~nothing)
 DEMO_WORLD_ENTITIES = 600
@@ -27,8 +34,18 @@ DEMO_WORLD_ENTITIES = 600
 def demo_config(model_path: str, *, steps: int, seed: int, fmt: str, world_seed: int = 0,
                 world_entities: int = DEMO_WORLD_ENTITIES):
     """The demo's training config (also the content of ``configs/tiny.yaml``, shortened there)."""
-    from sleuth.config import (AlgoConfig, Config, DataConfig, EvalConfig, ModelConfig, RetrievalConfig,
-                               RewardConfig, RolloutConfig, TrainConfig)
+    # lazy: pydantic (~0.2 s) at `sleuth --help` (sleuth.demo.cli and sleuth.eval.defaults import this module)
+    from sleuth.config import (
+        AlgoConfig,
+        Config,
+        DataConfig,
+        EvalConfig,
+        ModelConfig,
+        RetrievalConfig,
+        RewardConfig,
+        RolloutConfig,
+        TrainConfig,
+    )
 
     return Config(
         model=ModelConfig(name_or_path=model_path),
@@ -46,10 +63,10 @@ def demo_config(model_path: str, *, steps: int, seed: int, fmt: str, world_seed:
     )
 
 
-def _by_hops(summary: dict) -> dict:
-    src = summary["by_source"]
-    return {"single_hop_em": src.get("world_1hop", {}).get("em", 0.0),
-            "two_hop_em": src.get("world_2hop", {}).get("em", 0.0)}
+def _by_hops(summary: EvalSummary) -> dict:
+    src = summary.by_source
+    return {"single_hop_em": src["world_1hop"].em if "world_1hop" in src else 0.0,
+            "two_hop_em": src["world_2hop"].em if "world_2hop" in src else 0.0}
 
 
 def _stage(msg: str, t0: float) -> None:
@@ -63,11 +80,10 @@ def run_demo(out: Path, *, steps: int = DEMO_STEPS, seed: int = 0, world_seed: i
     style ``dotted.key=value`` changes of the training config (both runs). Any world (``world_seed``,
     ``world_entities``) uses the same tiny base model: its names come from the one name inventory
     and pretraining renamed them at random, so the model knows no world's facts."""
-    from sleuth.config import apply_overrides
-    from sleuth.toy.world import generate_world
-    from sleuth.train.loop import Trainer
-
     from transformers.utils import logging as hf_logging
+
+    from sleuth.config import apply_overrides  # lazy: pydantic (~0.2 s) at `sleuth --help`
+    from sleuth.train.loop import Trainer  # lazy: torch (~2 s) at `sleuth --help`
 
     hf_logging.disable_progress_bar()  # no "Loading weights" bars between the demo's own lines
     t0 = time.time()
@@ -79,7 +95,7 @@ def run_demo(out: Path, *, steps: int = DEMO_STEPS, seed: int = 0, world_seed: i
     world.write(out / "world")  # corpus.jsonl, train.jsonl, test.jsonl: for `sleuth ask` / `sleuth eval` later
     _stage(f"world: {len(world.passages)} passages, {len(world.train)} train / {len(world.test)} test questions", t0)
     if model is None:
-        from sleuth.toy.cache import default_tiny_model_path
+        from sleuth.toy.cache import default_tiny_model_path  # lazy: torch (~2 s) at `sleuth --help`
 
         # the shipped base model (pretraining seed 0) for every world; --seed varies the RL run only
         model_path, fmt = str(default_tiny_model_path()), "search_r1_tiny"
@@ -98,19 +114,19 @@ def run_demo(out: Path, *, steps: int = DEMO_STEPS, seed: int = 0, world_seed: i
     _stage("evaluating the base model (greedy, with search)", t0)
     trainer.evaluate()
     base_summary, base_rows = trainer.last_eval
-    _stage(f"base EM {base_summary['em']:.3f}; training with search (GRPO, {steps} steps)", t0)
+    _stage(f"base EM {base_summary.em:.3f}; training with search (GRPO, {steps} steps)", t0)
     t_train = time.time()
     trainer.run()
     train_minutes = (time.time() - t_train) / 60
     trained_summary, trained_rows = trainer.last_eval
-    _stage(f"trained EM {trained_summary['em']:.3f} ({train_minutes:.1f} min of RL)", t0)
+    _stage(f"trained EM {trained_summary.em:.3f} ({train_minutes:.1f} min of RL)", t0)
     result = {
-        "base_em": base_summary["em"],
-        "trained_em": trained_summary["em"],
+        "base_em": base_summary.em,
+        "trained_em": trained_summary.em,
         **_by_hops(trained_summary),
         "no_search_em": None,
-        "searches_per_question": trained_summary["searches"],
-        "base_searches_per_question": base_summary["searches"],
+        "searches_per_question": trained_summary.searches,
+        "base_searches_per_question": base_summary.searches,
         "base_single_hop_em": _by_hops(base_summary)["single_hop_em"],
         "base_two_hop_em": _by_hops(base_summary)["two_hop_em"],
         "rl_minutes": train_minutes,
@@ -120,11 +136,9 @@ def run_demo(out: Path, *, steps: int = DEMO_STEPS, seed: int = 0, world_seed: i
         no_search_cfg = replace(cfg, rollout=replace(cfg.rollout, max_turns=0))
         ablation_trainer = Trainer(no_search_cfg, out / "no_search", overwrite=True, progress=progress)
         ablation_trainer.run()
-        result["no_search_em"] = ablation_trainer.last_eval[0]["em"]
+        result["no_search_em"] = ablation_trainer.last_eval[0].em
         _stage(f"no-search EM {result['no_search_em']:.3f}", t0)
     result["wall_minutes"] = (time.time() - t0) / 60
-    from sleuth.demo.report import write_report
-
     try_it = try_commands(out, world.test[0].text)
     write_report(out, result, base=(base_summary, base_rows), trained=(trained_summary, trained_rows),
                  metrics_path=out / "with_search" / "metrics.jsonl", setting={"steps": steps, "model": model_path},

@@ -15,6 +15,12 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
+from sleuth.errors import UserError
+from sleuth.eval.common import add_model_retrieval_args, describe_retriever, load_model, open_retriever, protocol
+from sleuth.eval.defaults import resolve_run_defaults
+from sleuth.output import print_json_line
+from sleuth.types import Question
+
 
 class StreamingBackend:
     """A generation backend that prints every turn's text (the new tokens, decoded) when it is done."""
@@ -59,8 +65,7 @@ class StreamingRetriever:
 def ask_one(text: str, backend, tokenizer, fmt, retriever, rollout_cfg, *, topk: int, qid: str = "ask/0",
             greedy: bool = True, seed: int = 0, out: TextIO | None = None):  # fmt: skip
     """Roll out one question while streaming it to ``out``; returns the trajectory."""
-    from sleuth.rollout.loop import run_rollouts
-    from sleuth.types import Question
+    from sleuth.rollout.loop import run_rollouts  # lazy: pydantic (~0.2 s) at `sleuth --help`
 
     out = out or sys.stdout
     if not text.strip():
@@ -96,19 +101,13 @@ def _questions(args, stdin: TextIO):
 
 
 def _ask(args) -> int:
-    from sleuth.errors import UserError
-    from sleuth.output import print_json_line
-    from sleuth.eval.cli import describe_retriever, load_model, open_retriever, rollout_config
-    from sleuth.eval.defaults import resolve_run_defaults
-    from sleuth.eval.evaluate import NoRetriever, NoSearchFormat
-    from sleuth.rollout.hf_backend import HFBackend
-    from sleuth.rollout.formats import get_format
+    from sleuth.eval.evaluate import NoRetriever, NoSearchFormat  # lazy: pydantic (~0.2 s) at `sleuth --help`
+    from sleuth.rollout.hf_backend import HFBackend  # lazy: torch (~2 s) at `sleuth --help`
 
     if args.question is not None and not args.question.strip():
         raise UserError("the question is empty; give a question or none for interactive mode")
     resolve_run_defaults(args)
-    rcfg = rollout_config(args)
-    fmt = get_format(rcfg.format)
+    rcfg, fmt = protocol(args)
     desc = describe_retriever(args)
     if args.temperature is not None:
         rcfg.temperature = args.temperature
@@ -131,8 +130,6 @@ def _ask(args) -> int:
 
 def register_ask(sub) -> None:
     """Add the ``ask`` command (called from ``sleuth.eval.cli.register``)."""
-    from sleuth.eval.cli import add_model_retrieval_args
-
     p = sub.add_parser("ask", help="ask a model a question; streams its reasoning, searches and answer")
     p.add_argument("question", nargs="?", default=None,
                    help="the question (omit to read questions from stdin until EOF or an empty line)")

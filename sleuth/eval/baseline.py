@@ -6,15 +6,25 @@ The baseline is a finished eval of the same questions, typically the same comman
 what differs; :func:`baseline_lines` is the ``report.md`` section (per source, macro and micro
 average: EM and F1 of this run, the baseline's, and the difference in points, with the settings
 that differ named); :func:`baseline_figures` is ``results.json["baseline"]``.
+
+This run's figures are an :class:`~sleuth.eval.metrics.EvalSummary`; the baseline's are the
+``summary`` of its ``results.json`` as read (a mapping, maybe written by an older version, hence
+the ``.get``), or an ``EvalSummary``, which reads the same way.
 """
 
 from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from sleuth.eval.report import DISPLAY, _columns, _pct
+from sleuth.errors import UserError
+from sleuth.eval.tables import DISPLAY, pct, source_columns
+
+if TYPE_CHECKING:  # for annotations only: sleuth.eval.metrics pulls numpy, the tables need none of it
+    from sleuth.eval.metrics import EvalSummary
 
 BASELINE_KEYS = ("model", "format", "no_search", "corpus", "retriever", "topk", "max_turns", "rollout")
 
@@ -33,8 +43,6 @@ def load_baseline(path: str | Path, questions: list, data_files: list[str]) -> d
     """The baseline of a ``--baseline DIR`` eval: ``{"dir", "setting", "summary"}`` from its
     ``results.json``. Refuses (naming what differs) a directory without results or one whose
     questions are not this run's ``questions`` (``Question``s, read from ``data_files``)."""
-    from sleuth.errors import UserError
-
     base = Path(path)
     res = base / "results.json"
     if not res.is_file():
@@ -84,7 +92,7 @@ def _delta(a, b) -> str:
     return "0.0" if d == 0 else f"{d:+.1f}"
 
 
-def baseline_table(summary: dict, base: dict, ours_label: str, base_label: str) -> list[str]:
+def baseline_table(summary: EvalSummary, base: Mapping[str, Any], ours_label: str, base_label: str) -> list[str]:
     """Markdown lines: per source, macro and micro average, EM and F1 of this run, the baseline's,
     and this run minus the baseline (points)."""
     if ours_label == base_label:
@@ -92,19 +100,19 @@ def baseline_table(summary: dict, base: dict, ours_label: str, base_label: str) 
     head = ["Source", "n"] + [h for m in ("EM", "F1") for h in (f"{m} {ours_label}", f"{m} {base_label}", f"Δ {m}")]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     b_src = base["by_source"]
-    rows = [(DISPLAY.get(c, c), summary["by_source"][c], b_src.get(c)) for c in _columns(summary)]
-    rows.append(("Avg (macro)", summary["macro"] | {"n": summary["n"]}, base["macro"]))
+    rows = [(DISPLAY.get(c, c), summary.by_source[c], b_src.get(c)) for c in source_columns(summary.by_source)]
+    rows.append(("Avg (macro)", summary.macro | {"n": summary.n}, base["macro"]))
     rows.append(("All (micro)", summary, base))
     for name, s, b in rows:
         cells = [name, str(s["n"])]
         for m in ("em", "f1"):
             mine, theirs = s.get(m), (b or {}).get(m)
-            cells += [_pct(mine), _pct(theirs), _delta(mine, theirs)]
+            cells += [pct(mine), pct(theirs), _delta(mine, theirs)]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
-def baseline_lines(summary: dict, setting: dict, baseline: dict) -> list[str]:
+def baseline_lines(summary: EvalSummary, setting: dict, baseline: dict) -> list[str]:
     """The ``report.md`` section of the baseline: which run it is, what differs, the table."""
     b_setting = baseline["setting"]
     ours_long, base_long = setting_label(setting, long=True), setting_label(b_setting, long=True)
@@ -119,18 +127,18 @@ def baseline_lines(summary: dict, setting: dict, baseline: dict) -> list[str]:
     return out + table + [""]
 
 
-def baseline_figures(summary: dict, baseline: dict) -> dict:
+def baseline_figures(summary: EvalSummary, baseline: dict) -> dict:
     """``results.json["baseline"]``: the baseline's figures and this run minus them."""
     base = baseline["summary"]
     keep = ("n", "em", "f1", "cover_em", "searches")
     figures = {k: base.get(k) for k in keep} | {"macro": base["macro"]}
     figures["by_source"] = {src: {k: s.get(k) for k in keep} for src, s in base["by_source"].items()}
 
-    def minus(a: dict, b: dict) -> dict:
+    def minus(a: Mapping, b: Mapping) -> dict:
         return {m: a[m] - b[m] for m in ("em", "f1") if a.get(m) is not None and b.get(m) is not None}
 
-    delta = minus(summary, base) | {"macro": minus(summary["macro"], base["macro"])}
+    delta = minus(summary, base) | {"macro": minus(summary.macro, base["macro"])}
     delta["by_source"] = {src: minus(s, base["by_source"][src])
-                          for src, s in summary["by_source"].items() if src in base["by_source"]}  # fmt: skip
+                          for src, s in summary.by_source.items() if src in base["by_source"]}  # fmt: skip
     label = setting_label(baseline["setting"], long=True)
     return {"dir": baseline["dir"], "label": label, "setting": baseline["setting"], "summary": figures, "delta": delta}

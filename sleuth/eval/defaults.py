@@ -8,7 +8,13 @@ overrides what comes from the run.
 from __future__ import annotations
 
 import sys
+from dataclasses import asdict
 from pathlib import Path
+
+import yaml
+
+from sleuth.demo.run import demo_config
+from sleuth.errors import UserError
 
 # Rollout settings a run was trained with; ``eval``/``ask`` on that run default to them.
 RUN_ROLLOUT_KEYS = ("format", "max_turns", "max_tokens_per_turn", "max_obs_tokens", "max_context_tokens",
@@ -19,8 +25,6 @@ BUILTIN = {"format": "search_r1", "topk": 3, "max_turns": 4}  # defaults for any
 def _run_config(model: str) -> dict | None:
     """The parsed ``config.yaml`` of a Sleuth run when ``model`` is its directory or a checkpoint
     inside it (up to three levels down); None for anything else (a hub name never reads ./config.yaml)."""
-    import yaml
-
     p = Path(model).resolve()
     if not p.is_dir():
         return None
@@ -41,10 +45,6 @@ def run_defaults(model: str) -> dict:
     checkpoints') come from its ``config.yaml``; other models have none. Evaluating a run under
     another budget (say 3 passages where it was trained on 1) measures something else."""
     if model == "tiny":
-        from dataclasses import asdict
-
-        from sleuth.demo.run import demo_config
-
         cfg = asdict(demo_config("tiny", steps=1, seed=0, fmt="search_r1_tiny"))
     else:
         cfg = _run_config(model) or {}
@@ -75,8 +75,6 @@ def resolve_run_defaults(args) -> dict:
     for attr in ("format", "topk", "max_turns"):
         if getattr(args, attr) is None:
             setattr(args, attr, BUILTIN[attr])
-    from sleuth.errors import UserError
-
     for flag, least in (("topk", 1), ("max_turns", 0), ("max_tokens_per_turn", 1), ("max_context_tokens", 1),
                         ("batch_size", 1)):
         value = getattr(args, flag, None)

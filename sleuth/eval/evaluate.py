@@ -3,7 +3,8 @@
 ``evaluate(model, tokenizer, questions, fmt, retriever, rollout_cfg, topk=, batch_size=)`` runs
 ``run_rollouts(..., greedy=True, group_size=1)`` over batches of questions and returns
 ``(summary, rows)``: one row per question (``score_trajectory`` plus the turns, queries and
-retrieved titles, for ``trajectories.jsonl``) and the aggregate of ``sleuth.eval.metrics``.
+retrieved titles, read from the trajectory's ``turns``, for ``trajectories.jsonl``) and their
+:class:`~sleuth.eval.metrics.EvalSummary`.
 
 The no-retrieval baseline (``no_search=True``) changes exactly two things:
 
@@ -30,8 +31,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sleuth.config import RolloutConfig
-from sleuth.eval.metrics import aggregate, score_trajectory
-from sleuth.types import ActionKind, Passage, Question, Trajectory
+from sleuth.eval.metrics import EvalPerf, EvalSummary, score_trajectory, summarize
+from sleuth.rollout.formats import normalize_question
+from sleuth.rollout.loop import run_rollouts
+from sleuth.types import ActionKind, Passage, Question, Trajectory, Turn
 
 DIRECT_INSTRUCTION = (
     "Answer the given question directly, from your own knowledge; no search engine is available. "
@@ -56,8 +59,6 @@ class NoSearchFormat:
         return getattr(self.base, name)
 
     def user_content(self, question: Question) -> str:
-        from sleuth.rollout.formats import normalize_question
-
         return DIRECT_INSTRUCTION.format(question=normalize_question(question.text))
 
 
@@ -66,20 +67,6 @@ class NoRetriever:
 
     def search(self, queries: list[str], k: int) -> list[list[Passage]]:
         raise RuntimeError("no retriever in a --no-search evaluation")
-
-
-class TitleRecorder:
-    """Passes searches through and remembers ``query -> [(id, title)]`` for the trajectory records."""
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.titles: dict[str, list[tuple[str, str]]] = {}
-
-    def search(self, queries: list[str], k: int) -> list[list[Passage]]:
-        found = self.inner.search(queries, k)
-        for q, ps in zip(queries, found):
-            self.titles[q] = [(p.id, p.title) for p in ps]
-        return found
 
 
 class DiskCachedRetriever:
@@ -133,55 +120,36 @@ class DiskCachedRetriever:
         self._db.close()
 
 
-def turn_records(traj: Trajectory, fmt, titles: dict[str, list[tuple[str, str]]]) -> list[dict]:
-    """Each policy turn: its text, its action, and for an executed search the query, passage ids
-    and titles. Searches are matched in order with ``traj.queries`` (executed or failed)."""
-    turns, executed = [], 0
-    for seg in traj.segments[1:]:
-        if not seg.trained:
-            continue
-        action = fmt.parse_action(seg.text)
-        turn: dict = {"text": seg.text, "action": action.kind.value}
-        if action.kind is ActionKind.ANSWER:
-            turn["answer"] = action.answer
-        elif action.kind is ActionKind.SEARCH:
-            turn["query"] = action.queries[0]
-            if executed < len(traj.queries) and traj.queries[executed] == action.queries[0]:
-                ids = traj.passage_ids[executed] if executed < len(traj.passage_ids) else []
-                turn["passage_ids"] = list(ids)
-                turn["titles"] = [t for _, t in titles.get(action.queries[0], [])] if ids else []
-                executed += 1
-            else:
-                turn["executed"] = False  # a search in the final round (or after the budget)
-        turns.append(turn)
-    return turns
+def turn_record(turn: Turn) -> dict:
+    """One policy turn of a ``trajectories.jsonl`` row: its text and action; the answer; for a
+    search its (first) query and, when it was executed, that query's passage ids and titles (both
+    empty when the search failed), else ``executed: False`` (final round, or cut by its cap)."""
+    action = turn.action
+    record: dict = {"text": turn.text, "action": action.kind.value}
+    if action.kind is ActionKind.ANSWER:
+        record["answer"] = action.answer
+    elif action.kind is ActionKind.SEARCH:
+        record["query"] = action.queries[0] if action.queries else None  # none: the loop made it invalid
+        if turn.search is None:
+            record["executed"] = False
+        else:
+            record["passage_ids"] = list(turn.search.passage_ids[0])
+            record["titles"] = list(turn.search.titles[0])
+    return record
 
 
-def trajectory_row(traj: Trajectory, fmt, titles: dict[str, list[tuple[str, str]]]) -> dict:
+def turn_records(traj: Trajectory) -> list[dict]:
+    """:func:`turn_record` of each policy turn, in order."""
+    return [turn_record(t) for t in traj.turns]
+
+
+def trajectory_row(traj: Trajectory) -> dict:
     """One ``trajectories.jsonl`` row: the scores of ``score_trajectory``, every turn, the response."""
     row = score_trajectory(traj)
     row["retrieval_errors"] = traj.num_retrieval_errors
-    row["turns_detail"] = turn_records(traj, fmt, titles)
+    row["turns_detail"] = turn_records(traj)
     row["response"] = traj.response_text
     return row
-
-
-def summarize(rows: list[dict]) -> dict:
-    """``aggregate(rows)`` plus the count of failed searches (``retrieval_errors``) and of the
-    questions they hit (``retrieval_error_questions``), and the LLM-judge figures (per source too)
-    when rows carry a verdict."""
-    summary = aggregate(rows)
-    summary["retrieval_errors"] = sum(int(r.get("retrieval_errors", 0)) for r in rows)
-    summary["retrieval_error_questions"] = sum(1 for r in rows if r.get("retrieval_errors"))
-    groups = {"": rows} | {src: [r for r in rows if r["data_source"] == src] for src in summary["by_source"]}
-    for src, rs in groups.items():
-        if not any("judge" in r for r in rs):
-            continue
-        verdicts = [r["judge"] for r in rs if r.get("judge") is not None]
-        target = summary if src == "" else summary["by_source"][src]
-        target["judge"] = sum(verdicts) / len(verdicts) if verdicts else None
-        target["judge_failures"] = sum(1 for r in rs if "judge" in r and r["judge"] is None)
-    return summary
 
 
 def evaluate(
@@ -200,19 +168,18 @@ def evaluate(
     judge=None,
     on_batch: Callable[[list[dict]], None] | None = None,
     progress: bool = False,
-) -> tuple[dict, list[dict]]:
+) -> tuple[EvalSummary, list[dict]]:
     """Greedy, one sample per question, ``batch_size`` questions per ``run_rollouts`` call.
 
     ``backend`` defaults to ``HFBackend(model, tokenizer)``. ``judge`` (an ``LLMJudge``) adds a
     ``judge`` verdict per row. ``on_batch(rows)`` is called after each batch (the CLI appends them
     to ``trajectories.jsonl`` so an interrupted eval resumes). Returns ``(summary, rows)``;
-    ``summary["perf"]`` holds wall time, questions/s and the generate/retrieve split.
+    ``summary.perf`` holds wall time, questions/s and the generate/retrieve split.
     """
-    from sleuth.rollout.loop import run_rollouts
-
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if backend is None:
+        # lazy: torch + transformers (~1.6 s), needed only when the caller brings no backend
         from sleuth.rollout.hf_backend import HFBackend
 
         model.eval()
@@ -221,18 +188,16 @@ def evaluate(
         fmt = fmt if isinstance(fmt, NoSearchFormat) else NoSearchFormat(fmt)
         rollout_cfg = dataclasses.replace(rollout_cfg, max_turns=0)
         retriever = NoRetriever()
-    recorder = TitleRecorder(retriever)
     rows: list[dict] = []
-    perf = {"seconds": 0.0, "generate_s": 0.0, "retrieve_s": 0.0}
+    perf = EvalPerf()
     t0 = time.perf_counter()
     for start in range(0, len(questions), batch_size):
         batch = questions[start : start + batch_size]
-        recorder.titles.clear()
-        trajs, metrics = run_rollouts(batch, backend, tokenizer, fmt, recorder, rollout_cfg, seed=seed, step=0,
+        trajs, metrics = run_rollouts(batch, backend, tokenizer, fmt, retriever, rollout_cfg, seed=seed, step=0,
                                       k=topk, greedy=True, group_size=1)  # fmt: skip
-        perf["generate_s"] += metrics["rollout/time_generate_s"]
-        perf["retrieve_s"] += metrics["rollout/time_retrieve_s"]
-        new = [trajectory_row(t, fmt, recorder.titles) for t in trajs]
+        perf.generate_s += metrics["rollout/time_generate_s"]
+        perf.retrieve_s += metrics["rollout/time_retrieve_s"]
+        new = [trajectory_row(t) for t in trajs]
         if judge is not None:
             judge.judge_rows(new)
         rows += new
@@ -243,8 +208,8 @@ def evaluate(
             rate = len(rows) / (time.perf_counter() - t0)
             print(f"eval: {len(rows)}/{len(questions)} questions, EM {em:.3f}, {rate:.2f} q/s",
                   file=sys.stderr, flush=True)  # fmt: skip
-    perf["seconds"] = time.perf_counter() - t0
-    perf["questions_per_s"] = len(rows) / perf["seconds"] if perf["seconds"] > 0 else 0.0
+    perf.seconds = time.perf_counter() - t0
+    perf.questions_per_s = len(rows) / perf.seconds if perf.seconds > 0 else 0.0
     summary = summarize(rows)
-    summary["perf"] = perf
+    summary.perf = perf
     return summary, rows

@@ -21,10 +21,15 @@ import json
 import sys
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-DATASETS = ["nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle"]
-DISPLAY = {"nq": "NQ", "triviaqa": "TriviaQA", "popqa": "PopQA", "hotpotqa": "HotpotQA",
-           "2wikimultihopqa": "2Wiki", "musique": "MuSiQue", "bamboogle": "Bamboogle"}  # fmt: skip
+from sleuth.errors import UserError
+from sleuth.eval.baseline import baseline_figures, baseline_lines
+from sleuth.eval.tables import DATASETS, DISPLAY, pct, source_columns
+
+if TYPE_CHECKING:  # for annotations only: sleuth.eval.metrics pulls numpy, report.md needs none of it
+    from sleuth.eval.metrics import EvalSummary
+
 COMPARED_KEYS = ("model", "corpus", "retriever", "topk", "max_turns")
 
 
@@ -52,27 +57,18 @@ def setting_differences(ours: dict, published: dict) -> list[str]:
     return diffs
 
 
-def _pct(x) -> str:
-    return "–" if x is None else f"{100 * x:.1f}"
-
-
-def _columns(summary: dict) -> list[str]:
-    ours = list(summary["by_source"])
-    return [d for d in DATASETS if d in ours] + [d for d in ours if d not in DATASETS]
-
-
-def comparison_table(summary: dict, setting: dict, published: list[dict]) -> tuple[list[str], list[str]]:
+def comparison_table(summary: EvalSummary, setting: dict, published: list[dict]) -> tuple[list[str], list[str]]:
     """Markdown lines of the main table and the footnotes of the rows marked †."""
-    cols = _columns(summary)
+    cols = source_columns(summary.by_source)
     theirs = {d for e in published for d in e["scores"]}
     shown = [d for d in DATASETS if d in cols or d in theirs] + [c for c in cols if c not in DATASETS]
     head = ["Method"] + [DISPLAY.get(c, c) for c in shown] + ["Avg", "Avg (ours)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    by_src = summary["by_source"]
-    ours = [by_src[c]["em"] if c in by_src else None for c in shown]
-    macro = summary["macro"]["em"]
-    lines.append("| " + " | ".join([f"**ours** ({setting.get('model')})"] + [_pct(x) for x in ours]
-                                   + [_pct(macro), _pct(macro)]) + " |")  # fmt: skip
+    by_src = summary.by_source
+    ours = [by_src[c].em if c in by_src else None for c in shown]
+    macro = summary.macro["em"]
+    lines.append("| " + " | ".join([f"**ours** ({setting.get('model')})"] + [pct(x) for x in ours]
+                                   + [pct(macro), pct(macro)]) + " |")  # fmt: skip
     notes = []
     for e in published:
         scores = e["scores"]
@@ -85,40 +81,41 @@ def comparison_table(summary: dict, setting: dict, published: list[dict]) -> tup
         on_ours = [scores[c] for c in cols if c in scores]
         avg_ours = sum(on_ours) / len(on_ours) if len(on_ours) == len(cols) and cols else None
         cite = f" [{e['source']} {e.get('table', '')}]".rstrip()
-        lines.append("| " + " | ".join([name + cite + mark] + [_pct(scores.get(c)) for c in shown]
-                                       + [_pct(scores.get("avg")), _pct(avg_ours)]) + " |")  # fmt: skip
+        lines.append("| " + " | ".join([name + cite + mark] + [pct(scores.get(c)) for c in shown]
+                                       + [pct(scores.get("avg")), pct(avg_ours)]) + " |")  # fmt: skip
     return lines, notes
 
 
-def _setting_lines(setting: dict, summary: dict) -> list[str]:
+def _setting_lines(setting: dict, summary: EvalSummary) -> list[str]:
     keys = ["model", "format", "no_search", "corpus", "retriever", "topk", "max_turns", "data", "rollout", "seed"]
     lines = ["| setting | value |", "|---|---|"]
     for k in keys:
         if k in setting:
             v = setting[k]
             lines.append(f"| {k} | {json.dumps(v) if isinstance(v, (dict, list)) else v} |")
-    n = ", ".join(f"{src} {s['n']}" for src, s in summary["by_source"].items())
-    lines.append(f"| n per source | {n} (total {summary['n']}) |")
+    n = ", ".join(f"{src} {s.n}" for src, s in summary.by_source.items())
+    lines.append(f"| n per source | {n} (total {summary.n}) |")
     return lines
 
 
-def _detail_lines(summary: dict) -> list[str]:
-    judge = "judge" in summary
+def _detail_lines(summary: EvalSummary) -> list[str]:
+    judge = summary.judged
     head = ["source", "n", "EM", "cover-EM", "F1", "searches", "turns", "retrieval hit", "tokens"]
     head += ["judge", "judge failures"] if judge else []
     head += ["stop reasons"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for name, s in list(summary["by_source"].items()) + [("all (micro)", summary)]:
-        cells = [name, str(s["n"])] + [_pct(s[m]) for m in ("em", "cover_em", "f1")]
-        cells += [f"{s['searches']:.2f}", f"{s['turns']:.2f}", _pct(s["retrieval_hit"]), f"{s['tokens']:.0f}"]
+    for name, s in list(summary.by_source.items()) + [("all (micro)", summary)]:
+        cells = [name, str(s.n)] + [pct(x) for x in (s.em, s.cover_em, s.f1)]
+        cells += [f"{s.searches:.2f}", f"{s.turns:.2f}", pct(s.retrieval_hit), f"{s.tokens:.0f}"]
         if judge:
-            cells += [_pct(s.get("judge")), str(s.get("judge_failures", 0))]
-        cells.append(", ".join(f"{k} {v:.0%}" for k, v in s["stop_reasons"].items()))
+            cells += [pct(s.judge), str(s.judge_failures or 0)]
+        cells.append(", ".join(f"{k} {v:.0%}" for k, v in s.stop_reasons.items()))
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
-def render_report(summary: dict, setting: dict, published_doc: dict | None, baseline: dict | None = None) -> str:
+def render_report(summary: EvalSummary, setting: dict, published_doc: dict | None,
+                  baseline: dict | None = None) -> str:
     """The whole ``report.md``: comparison table, footnotes, the baseline beside this run (when
     given, from :func:`load_baseline`), setting, per-source details, sources."""
     published = (published_doc or {}).get("entries", [])
@@ -129,21 +126,19 @@ def render_report(summary: dict, setting: dict, published_doc: dict | None, base
         out += ["† The published row's setting differs from ours, so it is context, not a like-for-like "
                 "comparison:", ""] + notes + [""]  # fmt: skip
     if baseline is not None:
-        from sleuth.eval.baseline import baseline_lines
-
         out += baseline_lines(summary, setting, baseline)
     out += ["## Setting", ""] + _setting_lines(setting, summary) + [""]
     out += ["## Per source", ""] + _detail_lines(summary) + [""]
-    if summary.get("retrieval_errors"):
-        failed = summary.get("retrieval_error_questions", "?")
-        out += [f"**{summary['retrieval_errors']} searches failed** in {failed} questions (retrieval errors; the "
+    if summary.retrieval_errors:
+        failed = summary.retrieval_error_questions
+        out += [f"**{summary.retrieval_errors} searches failed** in {failed} questions (retrieval errors; the "
                 "policy saw an error observation instead of passages). Those questions count in the figures "
                 "above but are not stored as done in `trajectories.jsonl`: check the retriever, then rerun the "
                 "same command (same `--out`) to retry them.", ""]  # fmt: skip
-    perf = summary.get("perf")
-    if perf:
-        out += [f"Wall time {perf['seconds']:.1f} s ({perf['questions_per_s']:.2f} questions/s; generate "
-                f"{perf['generate_s']:.1f} s, retrieve {perf['retrieve_s']:.1f} s) for the questions run in the "
+    perf = summary.perf
+    if perf is not None:
+        out += [f"Wall time {perf.seconds:.1f} s ({perf.questions_per_s:.2f} questions/s; generate "
+                f"{perf.generate_s:.1f} s, retrieve {perf.retrieve_s:.1f} s) for the questions run in the "
                 "last invocation.", ""]  # fmt: skip
     if published_doc:
         out += ["## Sources of published numbers", ""]
@@ -153,17 +148,15 @@ def render_report(summary: dict, setting: dict, published_doc: dict | None, base
     return "\n".join(out)
 
 
-def results_document(summary: dict, setting: dict, published_doc: dict | None, baseline: dict | None = None,
-                     question_ids: list[str] | None = None) -> dict:
+def results_document(summary: EvalSummary, setting: dict, published_doc: dict | None,
+                     baseline: dict | None = None, question_ids: list[str] | None = None) -> dict:
     """``results.json``: the setting, the summary, the published rows shown beside ours, the
     baseline's figures (when given) and the question ids (to check a later ``--baseline`` use)."""
     published = (published_doc or {}).get("entries", [])
     compared = [{**e, "differences": setting_differences(setting, e["setting"] | {"model": e["model"]})}
                 for e in published]  # fmt: skip
-    doc = {"setting": setting, "summary": summary, "published": compared}
+    doc = {"setting": setting, "summary": summary.to_dict(), "published": compared}
     if baseline is not None:
-        from sleuth.eval.baseline import baseline_figures
-
         doc["baseline"] = baseline_figures(summary, baseline)
     if question_ids is not None:
         doc["question_ids"] = list(question_ids)
@@ -172,8 +165,6 @@ def results_document(summary: dict, setting: dict, published_doc: dict | None, b
 
 def check_setting(out: Path, setting: dict) -> None:
     """Record the setting, or refuse when the one already in ``out`` differs."""
-    from sleuth.errors import UserError
-
     path = out / "setting.json"
     if path.exists():
         try:
@@ -201,8 +192,6 @@ def read_finished(path: Path) -> dict[str, dict]:
     with failed searches (stored by earlier versions) are left for the rerun to retry. Only the
     last line can be cut by a kill (it then lacks its newline): it is dropped, or completed with its
     newline when it parses, and the file rewritten. A bad line elsewhere is an error naming it."""
-    from sleuth.errors import UserError
-
     if not path.exists():
         return {}
     lines = path.read_text(encoding="utf-8").split("\n")

@@ -13,6 +13,11 @@ import argparse
 import sys
 import time
 
+from sleuth.errors import UserError
+from sleuth.output import output_dir, print_json_line
+from sleuth.retrieval.base import RetrievalError
+from sleuth.retrieval.index import build_index, describe_prefixes, load_index
+
 
 def add_prefix_flags(p, building: bool) -> None:
     """``--query-prefix`` / ``--passage-prefix`` (for build, search and serve)."""
@@ -74,10 +79,7 @@ def register(sub) -> None:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from sleuth.errors import UserError
-    from sleuth.output import output_dir, print_json_line
-    from sleuth.retrieval.corpus import CorpusError
-    from sleuth.retrieval.index import build_index
+    from sleuth.retrieval.corpus import CorpusError  # lazy: sleuth --help start-up (pyarrow)
 
     out = output_dir(args.out)
     try:
@@ -111,36 +113,27 @@ def _build(args: argparse.Namespace) -> int:
 def open_retriever(args: argparse.Namespace):
     """The retriever a ``search`` invocation asks for (an index dir or a server, optionally reranked)."""
     if args.url:
-        from sleuth.errors import UserError
-        from sleuth.retrieval.client import RemoteRetriever, env_token
+        from sleuth.retrieval.client import RemoteRetriever, env_token  # lazy: sleuth --help start-up (httpx)
 
         if args.query_prefix is not None or args.passage_prefix is not None:
             raise UserError("--query-prefix/--passage-prefix apply to --index; a --url server uses "
                             "its own index's prefixes (give them to `sleuth serve`)")
         retriever = RemoteRetriever(args.url, token=env_token(args.token))
     else:
-        from sleuth.retrieval.index import load_index
-
         retriever = load_index(args.index, kind=args.kind, device=args.device,
                                query_prefix=args.query_prefix, passage_prefix=args.passage_prefix)
     if args.rerank:
-        from sleuth.retrieval.rerank import CrossEncoderReranker
+        from sleuth.retrieval.rerank import CrossEncoderReranker  # lazy: sleuth --help start-up (numpy, pyarrow)
 
         retriever = CrossEncoderReranker(retriever, args.rerank, top_n=args.rerank_top_n, device=args.device)
     return retriever
 
 
 def _search(args: argparse.Namespace) -> int:
-    from sleuth.errors import UserError
-    from sleuth.output import print_json_line
-
     if args.k < 1:
         raise UserError(f"-k must be >= 1, got {args.k}")
     if args.rerank_top_n < 1:
         raise UserError(f"--rerank-top-n must be >= 1, got {args.rerank_top_n}")
-    from sleuth.retrieval.base import RetrievalError
-    from sleuth.retrieval.index import describe_prefixes
-
     retriever = open_retriever(args)
     prefixes = describe_prefixes(retriever)
     if prefixes:

@@ -10,6 +10,11 @@ from pathlib import Path
 
 from sleuth.config import RetrievalConfig
 from sleuth.retrieval.base import Retriever
+from sleuth.retrieval.client import RemoteRetriever
+from sleuth.retrieval.corpus import parse_row
+from sleuth.retrieval.index import META_FILE, build_index, load_index
+from sleuth.retrieval.memory import InMemoryRetriever
+from sleuth.types import Passage
 
 
 def _cache_dir() -> Path:
@@ -26,9 +31,6 @@ def _file_digest(path: Path) -> str:
 
 def read_passages(corpus: str | Path) -> list:
     """All passages of a small jsonl corpus as ``Passage`` objects (errors name file and line)."""
-    from sleuth.retrieval.corpus import parse_row
-    from sleuth.types import Passage
-
     out = []
     with open(corpus, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
@@ -40,8 +42,6 @@ def read_passages(corpus: str | Path) -> list:
 
 def bm25_for_corpus(corpus: str | Path, *, show_progress: bool = False) -> Retriever:
     """A BM25 index over ``corpus`` built once and cached by the corpus' content hash."""
-    from sleuth.retrieval.index import META_FILE, build_index, load_index
-
     corpus = Path(corpus)
     if not corpus.is_file():
         raise FileNotFoundError(f"retrieval.corpus {corpus} does not exist")
@@ -76,18 +76,12 @@ def build_retriever(cfg: RetrievalConfig, *, show_progress: bool = False) -> Ret
     if use_url:
         if not cfg.url:
             raise ValueError("retrieval.kind=url needs retrieval.url (e.g. http://127.0.0.1:8000/retrieve)")
-        from sleuth.retrieval.client import RemoteRetriever
-
         return RemoteRetriever.from_config(cfg)  # bearer token from $SLEUTH_RETRIEVAL_TOKEN
     if cfg.index_dir:
-        from sleuth.retrieval.index import load_index
-
         kind = cfg.kind if cfg.kind in ("bm25", "dense") else None
         return load_index(cfg.index_dir, kind=kind, **prefixes)
     if cfg.corpus:
         if cfg.kind == "memory":
-            from sleuth.retrieval.memory import InMemoryRetriever
-
             return InMemoryRetriever(read_passages(cfg.corpus))
         return bm25_for_corpus(cfg.corpus, show_progress=show_progress)
     raise ValueError("no retriever configured: set retrieval.url, retrieval.index_dir or retrieval.corpus")

@@ -25,7 +25,14 @@ import shutil
 import time
 from pathlib import Path
 
-from sleuth.retrieval.base import Retriever
+from sleuth import __version__
+from sleuth.device import check_device
+from sleuth.retrieval.base import IndexFileError, Retriever
+
+# The corpus store, BM25, dense and hybrid modules are imported inside the functions that use them
+# (each such line says "lazy: sleuth --help start-up"): sleuth.eval.common imports this module at
+# `sleuth --help` start-up, and they load pyarrow + numpy (measured ~0.14 s, as much as the rest of
+# `sleuth --help`).
 
 KINDS = ("bm25", "dense", "hybrid")
 META_FILE = "meta.json"
@@ -110,11 +117,9 @@ def build_index(
     ``query_prefix``/``passage_prefix`` override the encoder's detected prefixes (None: detect).
     ``out`` must be new, empty or an earlier Sleuth build (:func:`prepare_out`).
     """
-    from sleuth import __version__
-    from sleuth.device import check_device
-    from sleuth.retrieval.bm25 import build_bm25
-    from sleuth.retrieval.corpus import CorpusStore, ingest_jsonl
-    from sleuth.retrieval.dense import build_dense
+    from sleuth.retrieval.bm25 import build_bm25  # lazy: sleuth --help start-up
+    from sleuth.retrieval.corpus import CorpusStore, ingest_jsonl  # lazy: sleuth --help start-up
+    from sleuth.retrieval.dense import build_dense  # lazy: sleuth --help start-up
 
     if kind not in KINDS:
         raise ValueError(f"index kind must be one of {KINDS}, got {kind!r}")
@@ -179,9 +184,7 @@ def load_index(index_dir: str | Path, *, kind: str | None = None, device: str | 
     Dense queries get the prefix the index was built with; ``query_prefix`` overrides it (with a
     warning when it differs), and a ``passage_prefix`` other than the built one is refused.
     """
-    from sleuth.device import check_device
-    from sleuth.retrieval.base import IndexFileError
-    from sleuth.retrieval.corpus import CorpusError
+    from sleuth.retrieval.corpus import CorpusError  # lazy: sleuth --help start-up
 
     index_dir = Path(index_dir)
     meta = read_meta(index_dir)
@@ -202,7 +205,7 @@ def load_index(index_dir: str | Path, *, kind: str | None = None, device: str | 
             f"index {index_dir} is damaged or incomplete: {e}. Rebuild it: sleuth index build "
             f"--corpus {corpus} --kind {built} --out {index_dir} --overwrite") from None
     if kind == "hybrid":
-        from sleuth.retrieval.hybrid import HybridRetriever
+        from sleuth.retrieval.hybrid import HybridRetriever  # lazy: sleuth --help start-up
 
         return HybridRetriever(sparse, dense)
     return sparse if sparse is not None else dense
@@ -211,16 +214,16 @@ def load_index(index_dir: str | Path, *, kind: str | None = None, device: str | 
 def _open_parts(index_dir: Path, kind: str, device: str | None, query_prefix: str | None,
                 passage_prefix: str | None):
     """``(bm25 retriever or None, dense retriever or None)`` over the index's corpus store."""
-    from sleuth.retrieval.corpus import CorpusStore
+    from sleuth.retrieval.corpus import CorpusStore  # lazy: sleuth --help start-up
 
     store = CorpusStore(index_dir / "corpus")
     sparse = dense = None
     if kind in ("bm25", "hybrid"):
-        from sleuth.retrieval.bm25 import BM25Retriever
+        from sleuth.retrieval.bm25 import BM25Retriever  # lazy: sleuth --help start-up
 
         sparse = BM25Retriever(index_dir / "bm25", store)
     if kind in ("dense", "hybrid"):
-        from sleuth.retrieval.dense import DenseRetriever
+        from sleuth.retrieval.dense import DenseRetriever  # lazy: sleuth --help start-up
 
         dense = DenseRetriever(index_dir / "dense", store, device=device, query_prefix=query_prefix,
                                passage_prefix=passage_prefix)
@@ -230,7 +233,7 @@ def _open_parts(index_dir: Path, kind: str, device: str | None, query_prefix: st
 def describe_prefixes(retriever) -> str | None:
     """A line naming the dense encoder and the prefixes a retriever searches with (None when it
     has no dense part): printed when ``sleuth search`` / ``sleuth serve`` start."""
-    from sleuth.retrieval.dense import DenseRetriever
+    from sleuth.retrieval.dense import DenseRetriever  # lazy: sleuth --help start-up
 
     dense = getattr(retriever, "base", retriever)  # a reranker wraps its base retriever
     dense = getattr(dense, "dense", dense)  # a hybrid holds its dense side

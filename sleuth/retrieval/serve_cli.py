@@ -14,6 +14,10 @@ import tempfile
 import threading
 import time
 
+from sleuth.errors import UserError
+from sleuth.retrieval.cli import add_prefix_flags
+from sleuth.retrieval.index import build_index, describe_prefixes, load_index
+
 TOKEN_ENV = "SLEUTH_RETRIEVAL_TOKEN"  # = sleuth.retrieval.client.TOKEN_ENV (not imported: keeps --help fast)
 
 
@@ -37,7 +41,7 @@ def _url(host: str, port: int) -> str:
 
 
 def _uvicorn_server(app, **kwargs):
-    import uvicorn
+    import uvicorn  # lazy: sleuth --help start-up
 
     opts = {"log_level": "warning", "access_log": False, "lifespan": "off"} | kwargs
     return uvicorn.Server(uvicorn.Config(app, **opts))
@@ -94,13 +98,10 @@ def run_server(app, host: str = "127.0.0.1", port: int = 8000, on_ready=print) -
 
 def _load_retriever(args, tmp_dir: str):
     """Open ``--index DIR``, or build a BM25 index of ``--corpus FILE`` into ``tmp_dir``."""
-    from sleuth.errors import UserError
-    from sleuth.retrieval.index import build_index, load_index
-
     if bool(args.index) == bool(args.corpus):
         raise UserError("give exactly one of --index DIR (from `sleuth index build`) or --corpus FILE.jsonl")
     if args.corpus:
-        from sleuth.retrieval.corpus import CorpusError
+        from sleuth.retrieval.corpus import CorpusError  # lazy: sleuth --help start-up (pyarrow)
 
         if args.query_prefix is not None or args.passage_prefix is not None:
             raise UserError("--query-prefix/--passage-prefix apply to a dense --index; --corpus serves BM25")
@@ -116,9 +117,8 @@ def _load_retriever(args, tmp_dir: str):
 
 
 def _serve(args) -> int:
-    from sleuth.errors import UserError
-    from sleuth.retrieval.index import describe_prefixes
-    from sleuth.retrieval.server import ServerLimits, make_app
+    from sleuth.retrieval.search_service import ServerLimits  # lazy: sleuth --help start-up (starlette)
+    from sleuth.retrieval.server import make_app  # lazy: sleuth --help start-up (fastapi)
 
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port {args.port} is not a TCP port (0-65535)")
@@ -154,8 +154,6 @@ def _interrupt(signum, frame) -> None:
 
 def register(sub) -> None:
     """Add ``sleuth serve``."""
-    from sleuth.retrieval.cli import add_prefix_flags
-
     p = sub.add_parser("serve", help="serve an index over HTTP (Search-R1 /retrieve contract)")
     p.add_argument("--index", metavar="DIR", help="index directory written by `sleuth index build`")
     p.add_argument("--corpus", metavar="FILE", help="or: a jsonl corpus to BM25-index on the fly (temporary)")

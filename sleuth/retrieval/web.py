@@ -33,7 +33,7 @@ from typing import Any
 import httpx
 
 from sleuth.retrieval.base import RetrievalError
-from sleuth.retrieval.client import send_with_retries
+from sleuth.retrieval.retry import send_with_retries
 from sleuth.types import Passage
 
 _TAG = re.compile(r"<[^>]+>")

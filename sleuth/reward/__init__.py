@@ -7,6 +7,8 @@ Modules, in the order a reader needs them:
 * :mod:`sleuth.reward.search_r1`: Search-R1's EM reward and v0.3 format/retrieval composite.
 * :mod:`sleuth.reward.r1_searcher`: R1-Searcher's stage-1 and stage-2 rewards.
 * :mod:`sleuth.reward.score_file`: scoring jsonl files of responses (``sleuth reward score``).
+* :mod:`sleuth.reward.trajectory`: rewards and answer scores of finished trajectories (the RL
+  loop's reward step, shared with eval).
 
 Every reward is a pure function ``(response, golden_answers) -> float``; :func:`build_reward`
 turns a :class:`sleuth.config.RewardConfig` into one.

@@ -98,7 +98,7 @@ class HFBackend:
         self.model = model
         self.tokenizer = tokenizer
         if eos_token_ids is None:
-            eos_token_ids = _eos_ids(model, tokenizer)
+            eos_token_ids = eos_ids(model, tokenizer)
         self.eos_token_ids = list(eos_token_ids)
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else (self.eos_token_ids[0] if self.eos_token_ids else 0)
@@ -307,7 +307,7 @@ class HFBackend:
         return could_stop
 
 
-def _eos_ids(model, tokenizer) -> list[int]:
+def eos_ids(model, tokenizer) -> list[int]:
     """Union of the tokenizer's eos and the model's generation-config eos (which may be a list)."""
     ids: list[int] = []
     cfg = getattr(model, "generation_config", None)

@@ -25,10 +25,12 @@ keeps each row's keys/values from one round to the next and prefills only the ne
 Seeds: a row's seed is ``derive_seed(seed, step, question.id, sample_index)`` and each turn draws
 with ``derive_seed(row_seed, turn)``, so the same (seed, step) replays the same trajectories.
 
-Trajectory fields: ``queries`` lists every query issued, ``passage_ids`` one list per issued query
-(empty when that search failed, so the two stay aligned), ``retrieved_text`` the injected text of
-each search (observation or error, template wrapping included for tool messages), ``answer`` the
-parsed answer of the answering turn.
+Trajectory fields: ``turns`` gets one :class:`~sleuth.types.Turn` per generated turn (its text, the
+parsed action, the finish reason and, for a search the loop executed, a ``SearchOutcome``: passage
+ids and titles per query, the injected observation, the error when it failed); ``queries`` lists
+every query issued, ``passage_ids`` one list per issued query (empty when that search failed, so the
+two stay aligned), ``retrieved_text`` the injected text of each search (observation or error,
+template wrapping included for tool messages), ``answer`` the parsed answer of the answering turn.
 
 EOS rule: no token is ever appended that the policy did not sample. Generation stops right after
 ``</answer>`` (a stop string), so Search-R1-style trajectories end there with no eos; when the
@@ -46,7 +48,7 @@ from sleuth.config import RolloutConfig
 from sleuth.rollout.backends import SamplingParams, derive_seed
 from sleuth.rollout.chat import ChatRenderer
 from sleuth.rollout.observation import fit_observation
-from sleuth.types import ActionKind, Question, Segment, StopReason, Trajectory
+from sleuth.types import ActionKind, Question, SearchOutcome, Segment, StopReason, Trajectory, Turn
 
 
 @dataclass
@@ -70,7 +72,6 @@ class _Stats:
     queries: int = 0
     distinct_queries: int = 0
     retrieval_calls: int = 0
-    max_calls_per_round: int = 0
     generate_s: float = 0.0
     retrieve_s: float = 0.0
 
@@ -165,7 +166,9 @@ def _generate_round(active, backend, params, render, tokenizer, fmt, cfg, stats)
         row.context += res.token_ids
         row.traj.num_turns += 1
         row.last_eos = res.token_ids[-1] if res.finish_reason == "eos" and res.token_ids else None
-        _react(row, res.finish_reason, fmt.parse_action(text), render, fmt, cfg)
+        action = fmt.parse_action(text)
+        row.traj.turns.append(Turn(text, action, res.finish_reason))
+        _react(row, res.finish_reason, action, render, fmt, cfg)
 
 
 def _react(row: _Row, finish_reason: str, action, render, fmt, cfg) -> None:
@@ -200,7 +203,6 @@ def _retrieve_round(searching, retriever, k, render, fmt, cfg, stats) -> None:
     stats.queries += len(all_queries)
     stats.distinct_queries += len(unique)
     stats.retrieval_calls += 1
-    stats.max_calls_per_round = max(stats.max_calls_per_round, 1)
     t0 = time.perf_counter()
     error, by_query = None, {}
     try:
@@ -214,7 +216,7 @@ def _retrieve_round(searching, retriever, k, render, fmt, cfg, stats) -> None:
     stats.retrieve_s += time.perf_counter() - t0
     observations: dict[tuple, tuple[list[int], str]] = {}  # rows that searched alike read alike
     for row in searching:
-        traj, queries = row.traj, row.pending
+        traj, queries = row.traj, row.pending  # the queries of the row's last turn (this round's)
         row.pending = []
         traj.queries += queries
         row.search_attempts += 1
@@ -226,10 +228,13 @@ def _retrieve_round(searching, retriever, k, render, fmt, cfg, stats) -> None:
             if key not in observations:
                 observations[key] = fit_observation(results, render, cfg.max_obs_tokens, row.last_eos)
             ids, text = observations[key]
+            traj.turns[-1].search = SearchOutcome([[p.id for p in ps] for _, ps in results],
+                                                  [[p.title for p in ps] for _, ps in results], text)
         else:
             traj.passage_ids += [[] for _ in queries]
             traj.num_retrieval_errors += 1
             ids, text = fit_observation(None, render, cfg.max_obs_tokens, row.last_eos, fmt.render_error(error))
+            traj.turns[-1].search = SearchOutcome([[] for _ in queries], [[] for _ in queries], text, error)
         traj.retrieved_text.append(text)
         if _inject(row, ids, text, cfg) and row.search_attempts >= cfg.max_turns:
             _enter_final_round(row, render, cfg)
@@ -271,7 +276,6 @@ def rollout_metrics(trajs: list[Trajectory], stats: _Stats, total_s: float) -> d
         "rollout/queries": float(stats.queries),
         "rollout/distinct_queries": float(stats.distinct_queries),
         "rollout/retrieval_calls": float(stats.retrieval_calls),
-        "rollout/max_retrieval_calls_per_round": float(stats.max_calls_per_round),
         "rollout/dedup_ratio": stats.distinct_queries / stats.queries if stats.queries else 1.0,
         "rollout/invalid": float(sum(t.num_invalid for t in trajs)),
         "rollout/retrieval_errors": float(sum(t.num_retrieval_errors for t in trajs)),

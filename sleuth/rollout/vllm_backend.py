@@ -29,6 +29,7 @@ import torch
 
 from sleuth.errors import UserError
 from sleuth.rollout.backends import GenerationResult, SamplingParams, check_prompts, finish_from_server, row_caps
+from sleuth.rollout.hf_backend import eos_ids  # the same eos set as the HF backend
 
 INSTALL_HINT = "pip install 'sleuth[gpu]' on a CUDA machine, or set rollout.backend=hf"
 # where the model lives in a vLLM engine built in this process (newest first)
@@ -93,8 +94,6 @@ class VLLMBackend:
                                   f"{INSTALL_HINT}") from e
         if not cuda_available():
             raise VLLMUnavailable(f"rollout.backend=vllm needs a CUDA GPU and none is visible: {INSTALL_HINT}")
-        from sleuth.rollout.hf_backend import _eos_ids  # the same eos set as the HF backend
-
         os.makedirs(work_dir, exist_ok=True)
         plain = _base_model(policy)
         if not plain.config.architectures:  # vLLM picks its model class from this field
@@ -105,7 +104,7 @@ class VLLMBackend:
         tokenizer.save_pretrained(work_dir)
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process: pushes are copies
         backend = cls(
-            str(work_dir), eos_token_ids=_eos_ids(plain, tokenizer), load_format="dummy", dtype=dtype,
+            str(work_dir), eos_token_ids=eos_ids(plain, tokenizer), load_format="dummy", dtype=dtype,
             seed=seed, max_model_len=rollout.max_context_tokens, enforce_eager=rollout.vllm_enforce_eager,
             gpu_memory_utilization=rollout.vllm_gpu_memory_utilization,
         )

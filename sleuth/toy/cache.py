@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import uuid
 from pathlib import Path
 
+from sleuth.toy.corpus import cache_root
 from sleuth.toy.pretrain import pretrain_tiny
 from sleuth.toy.specs import PretrainSpec, TinyModelSpec, cache_key
 from sleuth.toy.world import World, generate_world
@@ -19,30 +19,6 @@ from sleuth.toy.world import World, generate_world
 BUNDLED_TINY = Path(__file__).resolve().parent.parent / "assets" / "tiny"
 """The embedded default's base model as shipped in the package (world seed 0, default specs), so a
 fresh clone needs no pretraining; ``python -m sleuth.toy.cache`` rebuilds it."""
-
-
-def cache_root() -> Path:
-    """``$SLEUTH_CACHE`` or ``~/.cache/sleuth``."""
-    return Path(os.environ.get("SLEUTH_CACHE") or Path.home() / ".cache" / "sleuth").expanduser()
-
-def config_world(cfg) -> World:
-    """The toy world a config names (``data.world_seed``, ``data.world_entities``): what the data
-    files ``world:train`` / ``world:test`` and ``retrieval.corpus: world`` refer to."""
-    return generate_world(cfg.data.world_seed, n_entities=cfg.data.world_entities)
-
-
-def world_corpus_path(cfg) -> Path:
-    """Write the embedded world's corpus once into the cache and return its path."""
-    world = config_world(cfg)
-    out = cache_root() / "worlds" / world.fingerprint()
-    if not (out / "corpus.jsonl").exists():
-        tmp = out.with_name(out.name + f".tmp-{uuid.uuid4().hex[:12]}")
-        world.write(tmp)
-        try:
-            tmp.rename(out)
-        except OSError:  # another process won the race
-            shutil.rmtree(tmp, ignore_errors=True)
-    return out / "corpus.jsonl"
 
 
 def bundled_tiny(key: str) -> Path | None:

@@ -26,9 +26,10 @@ from dataclasses import asdict
 from pathlib import Path
 
 from sleuth.rollout.formats import TINY_INSTRUCTION, SearchR1Format
+from sleuth.toy.names import name_inventory
 from sleuth.toy.specs import TINY_VERSION, PretrainSpec, TinyModelSpec, cache_key
 from sleuth.toy.transcripts import SEARCH_OPENING, pretraining_docs
-from sleuth.toy.world import World, name_inventory
+from sleuth.toy.world import World
 from sleuth.train.sft import batch_tensors, bucket_rows, lm_loss, pack_rows
 from sleuth.types import Question
 

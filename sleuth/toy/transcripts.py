@@ -13,48 +13,22 @@ from __future__ import annotations
 import random
 from typing import TYPE_CHECKING
 
-from sleuth.toy.world import RELATIONS, World, claim_text, hop_query, name_inventory, need_text, said_text
 from sleuth.rollout.formats import SearchR1Format, TinySearchR1Format
-from sleuth.types import Passage, Question
+from sleuth.toy.corpus import WorldSearch
+from sleuth.toy.names import name_inventory
+from sleuth.toy.wording import RELATIONS, claim_text, hop_query, need_text, said_text
+from sleuth.toy.world import World
+from sleuth.types import Question
 
 if TYPE_CHECKING:
     from sleuth.toy.specs import PretrainSpec
+
 
 def make_format(prompt: str) -> SearchR1Format:
     """The protocol format matching a pretraining prompt style."""
     if prompt not in ("tiny", "search_r1"):
         raise ValueError(f"PretrainSpec.prompt must be 'tiny' or 'search_r1', got {prompt!r}")
     return TinySearchR1Format() if prompt == "tiny" else SearchR1Format()
-
-
-class Bm25Search:
-    """BM25 (bm25s, Lucene k1=0.9 b=0.4, English stemmer and stopwords) over a passage list,
-    with a query cache. Satisfies the ``Retriever`` protocol."""
-
-    def __init__(self, passages: list[Passage]):
-        import bm25s
-        import Stemmer
-
-        self.passages, self._stemmer = list(passages), Stemmer.Stemmer("english")
-        corpus_tokens = bm25s.tokenize([f"{p.title}\n{p.text}" for p in self.passages], stopwords="en",
-                                       stemmer=self._stemmer, show_progress=False)
-        self._bm25 = bm25s.BM25(method="lucene", k1=0.9, b=0.4)
-        self._bm25.index(corpus_tokens, show_progress=False)
-        self._cache: dict[tuple[str, int], list[Passage]] = {}
-
-    def search(self, queries: list[str], k: int) -> list[list[Passage]]:
-        import bm25s
-
-        out = []
-        for q in queries:
-            if (q, k) not in self._cache:
-                terms = bm25s.tokenize([q], stopwords="en", stemmer=self._stemmer, return_ids=False,
-                                       show_progress=False)
-                docs, scores = self._bm25.retrieve(terms, k=min(k, len(self.passages)), show_progress=False)
-                self._cache[(q, k)] = [Passage(self.passages[i].id, self.passages[i].title, self.passages[i].text,
-                                               float(s)) for i, s in zip(docs[0], scores[0]) if s > 0]
-            out.append(self._cache[(q, k)])
-        return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -76,7 +50,7 @@ def _wrong_query(world: World, subject: str, kind: str, rng: random.Random) -> s
     return rng.choice(pool)
 
 
-def synthesize_transcript(world: World, q: Question, fmt, search: Bm25Search, spec: PretrainSpec,
+def synthesize_transcript(world: World, q: Question, fmt, search: WorldSearch, spec: PretrainSpec,
                           rng: random.Random) -> list[tuple[str, bool]]:
     """One transcript in the Search-R1 layout from the unreliable simulated policy, as
     ``(text, trained)`` segments: the prompt and the observations are injected (not trained), the
@@ -160,7 +134,7 @@ def pretraining_docs(world: World, spec: PretrainSpec, seed: int) -> list[tuple[
         raise ValueError("the world has no train questions; pretraining needs some")
     if not 0.0 < spec.p_search <= spec.search_fraction < 1.0:
         raise ValueError(f"need 0 < p_search <= search_fraction < 1, got {spec.p_search}, {spec.search_fraction}")
-    rng, fmt, search = random.Random(seed), make_format(spec.prompt), Bm25Search(world.passages)
+    rng, fmt, search = random.Random(seed), make_format(spec.prompt), WorldSearch(world)
     f, p = spec.search_fraction, spec.p_search
     keep = p * (1 - f) / (f * (1 - p))  # P(decision trained | searching): f*keep / (f*keep + 1-f) = p
     docs = [([(passage.contents, True)], False) for passage in world.passages] if spec.passage_docs else []

@@ -2,9 +2,9 @@
 
 Every name is built from syllables, so no pretrained model can answer from memory; the only way
 to a right answer is to search the world's corpus. The world is deterministic by ``seed``. Names
-are drawn from one fixed :func:`name_inventory` shared by every world (one word each: a stem for
-people, companies and inventions, a stem plus a suffix for cities and countries), so the tiny
-model's tokenizer spells every name as one token and the same model serves every world.
+are drawn from one fixed :func:`~sleuth.toy.names.name_inventory` shared by every world (one word
+each: a stem for people, companies and inventions, a stem plus a suffix for cities and countries),
+so the tiny model's tokenizer spells every name as one token and the same model serves every world.
 
 Entities and facts (``World.facts[(subject, relation)] -> object``):
 
@@ -13,7 +13,7 @@ Entities and facts (``World.facts[(subject, relation)] -> object``):
 * invention: ``inventor`` (person), ``invented_year``
 * city:      ``country``
 
-Each fact is written in its passage as one fixed sentence, ``CLAIMS[relation]`` (e.g. "Varnell
+Each fact is written in its passage as one fixed sentence (:mod:`sleuth.toy.wording`, e.g. "Varnell
 Works was founded by Ida Morrow."), so the answer appears verbatim next to the subject's name.
 Distractor passages share words with the real ones (companies sharing a stem, family and fair
 passages, a second city in every person's biography).
@@ -29,87 +29,18 @@ rows of the written ``train.jsonl`` / ``test.jsonl``.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sleuth.toy.names import INVENTORY_SIZES, MAX_ENTITIES, name_inventory
+from sleuth.toy.wording import QUESTION_TYPES, RELATIONS, claim_text
 from sleuth.types import Passage, Question
 
 WORLD_VERSION = 6  # bump when generation changes: it is part of every cache key built on a world
 
-# relation -> (subject kind, object kind)
-RELATIONS = {
-    "birthplace": ("person", "city"),
-    "birth_year": ("person", "year"),
-    "founder": ("company", "person"),
-    "hq": ("company", "city"),
-    "founded_year": ("company", "year"),
-    "inventor": ("invention", "person"),
-    "invented_year": ("invention", "year"),
-    "country": ("city", "country"),
-}
-# How a fact is worded: "{subject} {verb} {phrase} {object}." in passages. The phrase's last two
-# words come right before the object and appear before nothing else in the context of a question
-# that reads this fact (the question, the needs, the passages its searches bring up), so copying
-# the object after them is unambiguous.
-PHRASES = {
-    "birthplace": ("was", "born at"),
-    "birth_year": ("was", "born in"),
-    "founder": ("was", "founded by"),
-    "hq": ("is", "headquartered in"),
-    "founded_year": ("was", "founded in"),
-    "inventor": ("was", "invented by"),
-    "invented_year": ("was", "invented in"),
-    "country": ("is", "a city in"),
-}
-# The word a search for a fact about a name just found adds after the name ("Ida Morrow born"):
-# a word of the fact's own passage, so BM25 ranks that passage first.
-SEARCH_WORDS = {
-    "birthplace": "born", "birth_year": "born", "founder": "founded", "hq": "headquartered",
-    "founded_year": "founded", "inventor": "invented", "invented_year": "invented", "country": "city",
-}
-# What one needs to find, said before the first search; it ends with the subject, worded like the
-# question just before the subject.
-NEEDS = {
-    "birthplace": "the birthplace of {s}",
-    "birth_year": "the birth year of {s}",
-    "founder": "who founded {s}",
-    "hq": "the headquarters of {s}",
-    "founded_year": "the founding year of {s}",
-    "inventor": "who invented {s}",
-    "invented_year": "the invention year of {s}",
-    "country": "the country of {s}",
-}
-# question type -> (relation chain, question template); every question ends with its subject.
-QUESTION_TYPES = {
-    "birthplace": (("birthplace",), "Which city is the birthplace of {s}?"),
-    "birth_year": (("birth_year",), "What is the birth year of {s}?"),
-    "founder": (("founder",), "Who founded {s}?"),
-    "hq": (("hq",), "Which city is the headquarters of {s}?"),
-    "founded_year": (("founded_year",), "What is the founding year of {s}?"),
-    "inventor": (("inventor",), "Who invented {s}?"),
-    "invented_year": (("invented_year",), "What is the invention year of {s}?"),
-    "country": (("country",), "What is the country of {s}?"),
-    "founder_birthplace": (("founder", "birthplace"), "Which city is the birthplace of the person who founded {s}?"),
-    "founder_birth_year": (("founder", "birth_year"), "What is the birth year of the person who founded {s}?"),
-    "hq_country": (("hq", "country"), "Which country hosts the headquarters of {s}?"),
-    "inventor_birthplace": (("inventor", "birthplace"), "Which city is the birthplace of the person who invented {s}?"),
-    "birth_country": (("birthplace", "country"), "Which country holds the birthplace of {s}?"),
-}
-
-# Name stems are 2-3 syllables (consonant, vowel, optional n); every name is one word: a stem
-# (people, company and invention stems) or a stem plus a city or country suffix.
-SYLLABLES = [c + v + e for c in "bdfgklmprstvz" for v in "aeiou" for e in ("", "n")]
-COUNTRY_SUFFIXES = ["ria", "land", "mark"]
-CITY_SUFFIXES = ["ford", "burg", "ton", "vale", "port"]
-# The name inventory every world draws from (fixed: not per world): kind -> size. A world of
-# n_entities uses 0.8 * n stems and 0.2 * n cities, so worlds up to MAX_ENTITIES entities fit.
-INVENTORY_SIZES = {"stem": 900, "city": 220, "country": 48}
-INVENTORY_SEED = 20261123
-MAX_ENTITIES = 1100
 _COMPANY_KINDS = {"Works": "glass", "Labs": "medicines", "Motors": "engines", "Foods": "bread",
                   "Mills": "flour", "Textiles": "cloth", "Press": "books", "Forge": "tools"}
 _DEVICES = "Engine Loom Lamp Compass Valve Pump Clock Telescope".split()
@@ -155,23 +86,6 @@ def _write_jsonl(path: Path, rows) -> None:
     with path.open("w", encoding="utf-8") as f:
         for row in rows:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
-
-
-@functools.lru_cache(maxsize=1)
-def name_inventory() -> dict[str, tuple[str, ...]]:
-    """Every invented name a world may use, by kind ("stem", "city", "country"); fixed for all
-    worlds (seed :data:`INVENTORY_SEED`), names and stems unique across kinds."""
-    rng, used, out = random.Random(INVENTORY_SEED), set(), {}
-    for kind, n in INVENTORY_SIZES.items():
-        suffixes = {"city": CITY_SUFFIXES, "country": COUNTRY_SUFFIXES}.get(kind, [""])
-        names: list[str] = []
-        while len(names) < n:
-            stem = "".join(rng.choice(SYLLABLES) for _ in range(rng.choice((2, 2, 3)))).capitalize()
-            if stem not in used:
-                used.add(stem)
-                names.append(stem + rng.choice(suffixes))
-        out[kind] = tuple(names)
-    return out
 
 
 class _Namer:
@@ -309,26 +223,3 @@ def _questions(rng: random.Random, entities: dict, facts: dict, split_of: dict) 
         qid = f"{source}/{split}/{len(out[split])}"
         out[split].append(Question(qid, template.format(s=s), (obj,), source, meta))
     return out["train"], out["test"]
-
-
-def claim_text(subject: str, relation: str, obj: str) -> str:
-    """The passage sentence stating ``relation(subject) = obj``, e.g. "X was founded by P."."""
-    verb, phrase = PHRASES[relation]
-    return f"{subject} {verb} {phrase} {obj}."
-
-
-def said_text(relation: str, obj: str) -> str:
-    """What a reader says it found, worded like the passage up to the object."""
-    return f"The passage says: {PHRASES[relation][1]} {obj}."
-
-
-def need_text(subject: str, relation: str) -> str:
-    """What one needs to find about ``subject`` (said before the first search; ends with it)."""
-    return NEEDS[relation].format(s=subject)
-
-
-def hop_query(name: str, relation: str) -> str:
-    """The search for ``relation`` of a name just found, e.g. "Ida Morrow born": the name first
-    (said last before the search, so writing it is a copy at a fixed distance), then a word of
-    the fact's passage."""
-    return f"{name} {SEARCH_WORDS[relation]}"

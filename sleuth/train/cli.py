@@ -10,11 +10,11 @@ from __future__ import annotations
 
 
 def _run(args) -> int:
-    from sleuth.output import print_json_line
     from sleuth.config import load_config
+    from sleuth.output import print_json_line
     from sleuth.train import distributed as par
-    from sleuth.train.rundir import check_config_not_rewritten
     from sleuth.train.loop import Trainer
+    from sleuth.train.rundir import check_config_not_rewritten
 
     cfg = load_config(args.config, args.set)
     check_config_not_rewritten(args.config, args.out, cfg)

@@ -18,6 +18,9 @@ sharded, with the same number of micro-batches on every rank.
 Checkpoints stay plain: :func:`full_model_state` gathers the full state dict on rank 0 (on CPU) and
 :func:`plain_model` rebuilds an unwrapped Hugging Face model from it for ``save_pretrained``; the
 optimizer state is saved as a full, parameter-name-keyed dict and re-sharded on resume.
+
+Also here: the rank context (:class:`DistContext`, :func:`init_distributed`) and leaving the group
+(:func:`shutdown`). Combining what the ranks computed is :mod:`sleuth.train.reduce`.
 """
 
 from __future__ import annotations
@@ -32,9 +35,6 @@ import torch
 import torch.distributed as dist
 
 PARALLEL = ("ddp", "fsdp")
-
-# Metrics that are counts or throughputs are summed over ranks; durations take the slowest rank;
-# everything else (rates, means, losses) is averaged (ranks hold equal shares of the rows).
 
 
 

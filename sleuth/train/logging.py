@@ -172,7 +172,13 @@ class MetricsLogger:
             self._wandb = wb.init(project="sleuth", config=config or {}, dir=str(self.out),
                                   id=wandb_run_id(self.out, resume=resume), resume="allow")
         if progress:
-            from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+            from rich.progress import (
+                BarColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
 
             self._progress = Progress(
                 TextColumn("[bold]train"),

@@ -15,13 +15,24 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from sleuth.build import (build_format, build_retriever, build_reward, load_eval_questions, probe_retriever,
-                          train_questions)
+from sleuth.build import (
+    build_format,
+    build_retriever,
+    build_reward,
+    load_eval_questions,
+    probe_retriever,
+    train_questions,
+)
 from sleuth.config import Config, to_dict, validate
+from sleuth.eval.evaluate import evaluate
+from sleuth.eval.metrics import EvalPerf, EvalSummary, summarize
 from sleuth.models import compute_autocast
+from sleuth.reward.trajectory import assign_rewards, reward_metrics
+from sleuth.rollout.batching import trajectories_to_batch
+from sleuth.rollout.hf_backend import HFBackend
+from sleuth.rollout.loop import run_rollouts
 from sleuth.train import distributed as par
 from sleuth.train import reduce
 from sleuth.train.checkpoint import latest_checkpoint
@@ -31,30 +42,14 @@ from sleuth.train.forward import batched_logprobs, length_buckets, padding_share
 from sleuth.train.logging import MetricsLogger, truncate_logs
 from sleuth.train.rundir import check_run_dir, warn_changed_settings, write_run_config
 from sleuth.train.sampler import CollapseWatch, QuestionSampler
-from sleuth.train.state import build_state, check_parallel_settings, restore_state, save_state, seed_everything
+from sleuth.train.state import (
+    build_state,
+    check_parallel_settings,
+    restore_state,
+    save_state,
+    seed_everything,
+)
 from sleuth.train.update import UpdateBatch, compute_advantages, policy_update
-
-
-def _score(trajs, reward_fn) -> dict:
-    from sleuth.reward import is_valid_format
-    from sleuth.reward.metrics import score_prediction
-
-    ems, f1s, fmts = [], [], []
-    for t in trajs:
-        t.reward = float(reward_fn(t.response_text, t.question.golden_answers))
-        s = score_prediction(t.answer, t.question.golden_answers)
-        ems.append(s.em)
-        f1s.append(s.f1)
-        fmts.append(float(is_valid_format(t.response_text)))
-    n = max(len(trajs), 1)
-    rewards = [t.reward for t in trajs]
-    return {
-        "reward/mean": sum(rewards) / n,
-        "reward/em": sum(ems) / n,
-        "reward/f1": sum(f1s) / n,
-        "reward/format": sum(fmts) / n,
-        "reward/std": float(np.std(rewards)) if rewards else 0.0,
-    }
 
 
 class Trainer:
@@ -80,7 +75,7 @@ class Trainer:
             probe_retriever(self.retriever, cfg)
         self.eval_questions = load_eval_questions(cfg)  # train.eval_limit per data source of each eval file
         self.watch, self.step = CollapseWatch(), 0
-        self.last_eval: tuple[dict, list[dict]] | None = None
+        self.last_eval: tuple[EvalSummary, list[dict]] | None = None
         if resume:
             warn_changed_settings(self.out / "config.yaml", cfg)
             self._resume()
@@ -100,7 +95,7 @@ class Trainer:
 
     def _build_vllm(self):
         """The vLLM rollout engine (``rollout.backend: vllm``), holding the policy's current weights."""
-        from sleuth.rollout.vllm_backend import VLLMBackend  # vllm is optional: imported only when used
+        from sleuth.rollout.vllm_backend import VLLMBackend  # lazy: only rollout.backend=vllm runs need it
 
         return VLLMBackend.from_trainer(self.policy, self.tokenizer, self.out / "vllm_engine", self.cfg.rollout,
                                         dtype=self.cfg.model.dtype, seed=self.cfg.train.seed,
@@ -130,9 +125,6 @@ class Trainer:
 
     # -- one step ----------------------------------------------------------------------------
     def rollout(self, questions, *, greedy=False, group_size=None, step=0):
-        from sleuth.rollout.hf_backend import HFBackend
-        from sleuth.rollout.loop import run_rollouts
-
         self.policy.eval()
         backend = self.vllm if self.vllm is not None else HFBackend(self.policy, self.tokenizer)
         return run_rollouts(questions, backend, self.tokenizer, self.fmt, self.retriever, self.cfg.rollout,
@@ -145,8 +137,6 @@ class Trainer:
             return self._train_step()
 
     def _train_step(self) -> tuple[dict, list]:
-        from sleuth.rollout.batching import trajectories_to_batch
-
         cfg, tc = self.cfg, self.cfg.train
         t0 = time.perf_counter()
         questions = self.sampler.next(tc.questions_per_step)
@@ -162,7 +152,8 @@ class Trainer:
                               rb.loss_mask_BT.to(device))
             old = batched_logprobs(self.policy, ids, att, micro_batch_size=mbs, temperature=temp)
         group_ids, mask = self._leave_out_failed_searches(trajs, rb.group_ids, mask, metrics)
-        metrics.update(_score(trajs, self.reward_fn))
+        rewards = assign_rewards(trajs, self.reward_fn)  # each trajectory's reward, also kept in t.reward
+        metrics.update(reward_metrics(trajs, rewards))
         turns = sum(t.num_turns for t in trajs)
         metrics["rollout/invalid_rate"] = sum(t.num_invalid for t in trajs) / max(turns, 1)
         ref = self._ref_logprobs(ids, att, mbs, temp) if self.state.use_ref else None
@@ -170,7 +161,7 @@ class Trainer:
         if self.state.critic is not None:
             with par.gathered(self.state.critic), torch.no_grad():
                 values = self.state.critic(ids, att).float()
-        scores = torch.tensor([t.reward for t in trajs], dtype=torch.float32, device=device)
+        scores = torch.tensor(rewards, dtype=torch.float32, device=device)
         adv, returns = compute_advantages(cfg.algo, scores, group_ids, mask, old_logprobs_BT=old,
                                           ref_logprobs_BT=ref, values_BT=values)
         batch = UpdateBatch(ids, att, mask, adv, old, sampler_logprobs_BT=rb.old_logprobs_BT.to(device),
@@ -220,34 +211,32 @@ class Trainer:
     def evaluate(self, *, no_search: bool = False) -> dict:
         """Greedy, one sample per question, the same rollout code (``sleuth.eval.evaluate``);
         flat ``eval/<metric>`` and ``eval/<source>/<metric>`` keys. The full summary and rows of
-        the latest evaluation stay in ``self.last_eval``."""
-        from sleuth.eval.evaluate import evaluate, summarize
-
+        the latest evaluation (an ``EvalSummary`` and the rows) stay in ``self.last_eval``."""
         if not self.eval_questions:
             return {}
         world, rank = self.ctx.world_size, self.ctx.rank
         mine = self.eval_questions[rank::world]  # under torchrun every rank evaluates a share
-        perf = {"seconds": 0.0, "generate_s": 0.0, "retrieve_s": 0.0}
+        perf = EvalPerf()
         rows: list[dict] = []
         if mine:
             with self.compute():
                 summary, rows = evaluate(self.policy, self.tokenizer, mine, self.fmt, self.retriever, self.cfg.rollout,
                                          topk=self.cfg.retrieval.topk, batch_size=self.cfg.eval.batch_size,
                                          no_search=no_search, seed=self.cfg.train.seed)
-            perf = summary["perf"]
+            perf = summary.perf
         if world > 1 or not mine:
             shards = reduce.all_gather_objects((rows, perf), world_size=world)
             rows = reduce.interleave([r for r, _ in shards])
             summary = summarize(rows)
-            wall = max(p["seconds"] for _, p in shards)  # the slowest rank's
-            summary["perf"] = {"seconds": wall, "generate_s": max(p["generate_s"] for _, p in shards),
-                               "retrieve_s": max(p["retrieve_s"] for _, p in shards),
-                               "questions_per_s": len(rows) / wall if wall > 0 else 0.0, "ranks": world}
+            wall = max(p.seconds for _, p in shards)  # the slowest rank's
+            summary.perf = EvalPerf(seconds=wall, generate_s=max(p.generate_s for _, p in shards),
+                                    retrieve_s=max(p.retrieve_s for _, p in shards),
+                                    questions_per_s=len(rows) / wall if wall > 0 else 0.0, ranks=world)
         self.last_eval = (summary, rows)
-        out = {f"eval/{m}": summary[m] for m in ("em", "f1", "cover_em", "searches")}
-        out["eval/questions"] = float(summary["n"])
-        for src, s in summary["by_source"].items():
-            out.update({f"eval/{src}/{m}": s[m] for m in ("em", "f1", "searches")})
+        out = {f"eval/{m}": getattr(summary, m) for m in ("em", "f1", "cover_em", "searches")}
+        out["eval/questions"] = float(summary.n)
+        for src, s in summary.by_source.items():
+            out.update({f"eval/{src}/{m}": getattr(s, m) for m in ("em", "f1", "searches")})
         return out
 
     # -- the loop ----------------------------------------------------------------------------

@@ -11,6 +11,8 @@ import torch.distributed as dist
 
 from sleuth.algo.aggregate import masked_whiten
 
+# Metrics that are counts or throughputs are summed over ranks; durations take the slowest rank;
+# everything else (rates, means, losses) is averaged (ranks hold equal shares of the rows).
 SUMMED = {
     "rollout/trajectories", "rollout/queries", "rollout/distinct_queries", "rollout/retrieval_calls",
     "rollout/invalid", "rollout/retrieval_errors", "rollout/sampled_tokens", "rollout/injected_tokens",

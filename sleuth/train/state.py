@@ -22,8 +22,15 @@ import torch
 from sleuth.config import Config
 from sleuth.models import DTYPES, add_lora, load_policy, make_critic
 from sleuth.train import distributed as par
-from sleuth.train.checkpoint import (load_checkpoint_file, load_optimizer_state, load_policy_weights,
-                                     load_trainer_state, optimizer_state, save_checkpoint, set_rng_state)
+from sleuth.train.checkpoint import (
+    load_checkpoint_file,
+    load_optimizer_state,
+    load_policy_weights,
+    load_trainer_state,
+    optimizer_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from sleuth.train.distributed import DistContext
 
 

@@ -36,7 +36,12 @@ from sleuth.algo.advantages import (
 )
 from sleuth.algo.aggregate import masked_mean, masked_sum
 from sleuth.algo.kl import kl_estimate, kl_loss
-from sleuth.algo.losses import clipped_policy_loss, entropy_bonus, tis_weights, value_loss
+from sleuth.algo.losses import (
+    clipped_policy_loss,
+    entropy_bonus,
+    tis_weights,
+    value_loss,
+)
 from sleuth.config import AlgoConfig
 from sleuth.train.forward import length_buckets, token_logprobs
 from sleuth.train.reduce import all_ranks_true, global_sum, global_whiten, world_info

@@ -7,7 +7,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from sleuth.eval.evaluate import summarize
+from sleuth.eval.metrics import summarize
 from sleuth.eval.judge import LLMJudge
 from sleuth.retrieval.serve_cli import ServerThread
 

@@ -4,22 +4,15 @@ import json
 
 import pytest
 
-import sleuth.cli
+from tests.helpers.cli import cli_runner
 
 pytestmark = pytest.mark.component
 
 
 @pytest.fixture
 def run(monkeypatch, capsys):
-    """Run ``sleuth ARGS`` with only this module's commands registered; return (rc, out, err)."""
-    monkeypatch.setattr(sleuth.cli, "COMMAND_MODULES", ["sleuth.retrieval.cli"])
-
-    def _run(*argv):
-        rc = sleuth.cli.main([str(a) for a in argv])
-        out, err = capsys.readouterr()
-        return rc, out, err
-
-    return _run
+    """Run ``sleuth ARGS`` with only the retrieval commands registered; return (rc, out, err)."""
+    return cli_runner(monkeypatch, capsys, ["sleuth.retrieval.cli"])
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from sleuth.config import RetrievalConfig  # noqa: E402
 from sleuth.retrieval.corpus import index_text  # noqa: E402
 from sleuth.retrieval.factory import build_retriever  # noqa: E402
 from sleuth.retrieval.index import describe_prefixes, load_index, read_meta  # noqa: E402
+from tests.helpers.cli import cli_runner  # noqa: E402
 
 pytestmark = pytest.mark.component
 
@@ -49,14 +50,8 @@ def corpus(tmp_path_factory):
 
 @pytest.fixture
 def run(monkeypatch, capsys):
-    monkeypatch.setattr(sleuth.cli, "COMMAND_MODULES", ["sleuth.retrieval.cli"])
-
-    def _run(*argv):
-        rc = sleuth.cli.main([str(a) for a in argv])
-        out, err = capsys.readouterr()
-        return rc, out, err
-
-    return _run
+    """Run ``sleuth ARGS`` with only the retrieval commands registered; return (rc, out, err)."""
+    return cli_runner(monkeypatch, capsys, ["sleuth.retrieval.cli"])
 
 
 @pytest.fixture(scope="module")

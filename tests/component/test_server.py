@@ -17,7 +17,8 @@ import pytest
 
 from sleuth.retrieval.memory import InMemoryRetriever
 from sleuth.retrieval.serve_cli import ServerThread, bind_socket
-from sleuth.retrieval.server import ServerLimits, make_app
+from sleuth.retrieval.search_service import ServerLimits
+from sleuth.retrieval.server import make_app
 from sleuth.types import Passage
 
 pytestmark = pytest.mark.component
@@ -413,7 +414,7 @@ def test_cache_byte_estimate_tracks_real_memory():
     import gc
     import tracemalloc
 
-    from sleuth.retrieval.server import ResultCache
+    from sleuth.retrieval.result_cache import ResultCache
 
     cache = ResultCache(max_entries=10**6, max_bytes=2**40)
     gc.collect()

@@ -11,7 +11,7 @@ from sleuth.eval.report import check_setting, read_finished
 from sleuth.eval.evaluate import DIRECT_INSTRUCTION, NoSearchFormat, turn_records
 from sleuth.eval.judge import JudgeError, chat_url, parse_verdict
 from sleuth.rollout.formats import get_format
-from sleuth.types import Question, Segment, StopReason, Trajectory
+from sleuth.types import Question, SearchOutcome, Segment, StopReason, Trajectory, Turn
 
 pytestmark = pytest.mark.unit
 
@@ -92,7 +92,7 @@ def test_read_finished_leaves_rows_with_failed_searches_to_retry(tmp_path):
 
 def test_failed_searches_are_counted_per_question_and_the_retry_is_explained():
     from sleuth.eval.cli import budget_warnings
-    from sleuth.eval.evaluate import summarize
+    from sleuth.eval.metrics import summarize
     from sleuth.eval.report import render_report
 
     def row(qid, errors):
@@ -127,10 +127,13 @@ def test_turn_records_pair_searches_with_executed_queries():
         Segment.injected([3], "<information>Doc 1(Title: Paris) ...</information>"),
         Segment.sampled([4], [-0.1], "<search> again </search>"),  # final round: not executed
     ]
+    # the rollout loop records each turn as it handles it: the first search executed, the second not
+    executed = SearchOutcome([["p1", "p2"]], [["Paris", "France"]], segs[2].text)
     traj = Trajectory(q, 0, segs, stop_reason=StopReason.MAX_TURNS, queries=["france capital"],
-                      passage_ids=[["p1", "p2"]], num_turns=2, num_searches=1)
-    titles = {"france capital": [("p1", "Paris"), ("p2", "France")]}
-    turns = turn_records(traj, fmt, titles)
+                      passage_ids=[["p1", "p2"]], num_turns=2, num_searches=1,
+                      turns=[Turn(segs[1].text, fmt.parse_action(segs[1].text), search=executed),
+                             Turn(segs[3].text, fmt.parse_action(segs[3].text))])
+    turns = turn_records(traj)
     assert turns[0] == {"text": segs[1].text, "action": "search", "query": "france capital",
                         "passage_ids": ["p1", "p2"], "titles": ["Paris", "France"]}
     assert turns[1] == {"text": segs[3].text, "action": "search", "query": "again", "executed": False}
@@ -165,7 +168,7 @@ def _flags(model, **given):
 
 
 def test_a_run_is_evaluated_with_the_budget_it_was_trained_with(tmp_path, capsys):
-    from sleuth.eval.cli import rollout_config
+    from sleuth.eval.common import rollout_config
     from sleuth.eval.defaults import resolve_run_defaults
 
     run = tmp_path / "run"
@@ -191,7 +194,7 @@ def test_a_run_is_evaluated_with_the_budget_it_was_trained_with(tmp_path, capsys
 
 def test_other_models_get_the_built_in_budget_and_tiny_the_demos(tmp_path, monkeypatch):
     from sleuth.demo.run import demo_config
-    from sleuth.eval.cli import rollout_config
+    from sleuth.eval.common import rollout_config
     from sleuth.eval.defaults import resolve_run_defaults
 
     monkeypatch.chdir(tmp_path)

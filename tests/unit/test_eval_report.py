@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from sleuth.eval.evaluate import summarize
+from sleuth.eval.metrics import EvalPerf, summarize
 from sleuth.eval.report import (
     DATASETS,
     comparison_table,
@@ -97,7 +97,7 @@ def test_comparison_table_layout_and_values():
 
 def test_render_report_and_results_document():
     s = summarize(ROWS)
-    s["perf"] = {"seconds": 2.0, "questions_per_s": 1.5, "generate_s": 1.0, "retrieve_s": 0.5}
+    s.perf = EvalPerf(seconds=2.0, questions_per_s=1.5, generate_s=1.0, retrieve_s=0.5)
     md = render_report(s, OURS | {"format": "search_r1"}, PUB)
     assert md.startswith("# Evaluation: tiny")
     assert "| n per source | hotpotqa 1, nq 2 (total 3) |" in md
@@ -194,7 +194,7 @@ def test_baseline_in_report_and_results_document():
 def _results_dir(tmp_path, ids, data, by_source_n=None):
     """A baseline directory whose results.json covers nq 2, hotpotqa 1 (or ``by_source_n``)."""
     rows = [_row(src, 0.0, 0.0, 0.0, 0) for src in ["nq"] * 2 + ["hotpotqa"]]
-    summary = summarize(rows)
+    summary = summarize(rows).to_dict()  # as a results.json holds it
     for src, n in (by_source_n or {}).items():
         summary["by_source"][src]["n"] = n
     doc = {"setting": DIRECT | {"data": data}, "summary": summary}

@@ -10,7 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sleuth.data.qa import QADataError, load_hub, load_questions, write_searchr1_parquet
+from sleuth.data.qa import QADataError, load_hub, load_questions
+from sleuth.data.searchr1_parquet import write_searchr1_parquet
 from sleuth.rollout.formats import SEARCH_R1_INSTRUCTION, get_format, normalize_question
 from sleuth.types import Question
 

@@ -6,7 +6,7 @@ import warnings
 
 import pytest
 
-from sleuth.retrieval.dense import (
+from sleuth.retrieval.prefixes import (
     BGE_EN_INSTRUCTION, choose_prefixes, detect_prefixes, encoder_prefixes, search_query_prefix,
 )
 

@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 
 from sleuth.retrieval.bm25 import check_k, top_rows
-from sleuth.retrieval.dense import BGE_EN_INSTRUCTION, default_search_params, encoder_prefixes
+from sleuth.retrieval.dense import default_search_params
 from sleuth.retrieval.hybrid import rrf_fuse
+from sleuth.retrieval.prefixes import BGE_EN_INSTRUCTION, encoder_prefixes
 
 pytestmark = pytest.mark.unit
 

@@ -8,9 +8,12 @@ import shutil
 
 import pytest
 
-from sleuth.toy.world import generate_world, hop_query, name_inventory, need_text
 from sleuth.toy import cache as tiny_cache
 from sleuth.toy import pretrain, specs, transcripts
+from sleuth.toy.corpus import WorldSearch
+from sleuth.toy.names import name_inventory
+from sleuth.toy.wording import hop_query, need_text
+from sleuth.toy.world import generate_world
 from sleuth.train import sft
 
 pytestmark = pytest.mark.unit
@@ -23,7 +26,7 @@ def world():
 
 @pytest.fixture(scope="module")
 def search(world):
-    return transcripts.Bm25Search(world.passages)
+    return WorldSearch(world)
 
 
 def _clean_spec(**kw):

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from sleuth.config import Config
+from sleuth.train.distributed import DistContext
 from sleuth.train.loop import Trainer
 from sleuth.train.sampler import CollapseWatch
-from sleuth.train.distributed import DistContext
 
 pytestmark = pytest.mark.unit
 

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from sleuth.build import probe_retriever
 from sleuth.cli import main
 from sleuth.config import Config
 from sleuth.models import pick_device
 from sleuth.train.rundir import check_run_dir
-from sleuth.build import probe_retriever
 
 pytestmark = pytest.mark.unit
 

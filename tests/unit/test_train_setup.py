@@ -53,7 +53,7 @@ def test_world_splits_follow_the_same_per_source_limit():
 def test_world_corpus_is_written_once_even_by_concurrent_callers(tmp_path, monkeypatch):
     """Callers that start together each write the world aside; one rename publishes it and the
     losers' copies are removed (nothing left but the published directory)."""
-    from sleuth.toy.cache import world_corpus_path
+    from sleuth.toy.corpus import world_corpus_path
     from tests.helpers.concurrency import run_concurrently
 
     monkeypatch.setenv("SLEUTH_CACHE", str(tmp_path / "cache"))

@@ -4,22 +4,9 @@ import json
 
 import pytest
 
-from sleuth.toy.world import (
-    CITY_SUFFIXES,
-    INVENTORY_SIZES,
-    MAX_ENTITIES,
-    NEEDS,
-    PHRASES,
-    QUESTION_TYPES,
-    RELATIONS,
-    SYLLABLES,
-    claim_text,
-    generate_world,
-    hop_query,
-    name_inventory,
-    need_text,
-    said_text,
-)
+from sleuth.toy.names import CITY_SUFFIXES, INVENTORY_SIZES, MAX_ENTITIES, SYLLABLES, name_inventory
+from sleuth.toy.wording import NEEDS, PHRASES, QUESTION_TYPES, RELATIONS, claim_text, hop_query, need_text, said_text
+from sleuth.toy.world import generate_world
 from sleuth.types import Passage
 
 pytestmark = pytest.mark.unit
@@ -159,9 +146,9 @@ def test_the_ideal_searches_rank_the_fact_first(world):
     """The searches the pretraining transcripts teach (the need, then name + search word) put the
     fact's passage at rank 1 for every question, so top-1 retrieval suffices. The words before each
     object in a fact passage occur before nothing else in that question's context."""
-    from sleuth.toy.transcripts import Bm25Search
+    from sleuth.toy.corpus import WorldSearch
 
-    search = Bm25Search(world.passages)
+    search = WorldSearch(world)
     for q in world.train + world.test:
         subject, context = q.meta["subject"], [q.text]
         for hop, relation in enumerate(q.meta["chain"]):

@@ -1,0 +1,49 @@
+"""Scoring finished trajectories: the reward step of the RL loop and the answer scores eval shares.
+
+* :func:`answer_scores`: EM / cover-EM / F1 of a trajectory's parsed answer. The one scorer behind
+  the eval rows (``sleuth.eval.metrics.score_trajectory``) and the trainer's ``reward/em`` and
+  ``reward/f1``, so the two always agree.
+* :func:`assign_rewards`: the reward step. Applies a reward function (``(response, golds) ->
+  float``, see :func:`sleuth.reward.build_reward`) to every trajectory, stores each result in
+  ``traj.reward`` (where the advantages and ``samples.jsonl`` read it) and returns them in order.
+* :func:`reward_metrics`: the step's ``reward/*`` metrics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from sleuth.reward.metrics import AnswerScores, Golds, score_prediction
+from sleuth.reward.tags import is_valid_format
+from sleuth.types import Trajectory
+
+
+def answer_scores(traj: Trajectory) -> AnswerScores:
+    """EM, cover-EM and F1 of the parsed answer (all 0.0 when the trajectory has none)."""
+    return score_prediction(traj.answer, traj.question.golden_answers)
+
+
+def assign_rewards(trajs: Sequence[Trajectory], reward_fn: Callable[[str, Golds], float]) -> list[float]:
+    """``reward_fn(response_text, golden_answers)`` of each trajectory, stored in ``traj.reward``
+    and returned (in the order of ``trajs``)."""
+    rewards = [float(reward_fn(t.response_text, t.question.golden_answers)) for t in trajs]
+    for t, r in zip(trajs, rewards):
+        t.reward = r
+    return rewards
+
+
+def reward_metrics(trajs: Sequence[Trajectory], rewards: Sequence[float]) -> dict[str, float]:
+    """``reward/mean`` and ``reward/std`` of ``rewards``; ``reward/em``, ``reward/f1`` (of
+    :func:`answer_scores`) and ``reward/format`` (share of well-formed responses), means over
+    ``trajs``."""
+    n = max(len(trajs), 1)
+    scores = [answer_scores(t) for t in trajs]
+    return {
+        "reward/mean": sum(rewards) / n,
+        "reward/em": sum(s.em for s in scores) / n,
+        "reward/f1": sum(s.f1 for s in scores) / n,
+        "reward/format": sum(float(is_valid_format(t.response_text)) for t in trajs) / n,
+        "reward/std": float(np.std(rewards)) if rewards else 0.0,
+    }
