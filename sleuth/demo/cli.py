@@ -3,7 +3,8 @@ the run itself is :func:`sleuth.demo.run.run_demo`."""
 
 from __future__ import annotations
 
-from sleuth.demo.run import DEMO_STEPS, DEMO_WORLD_ENTITIES, run_demo
+from sleuth.demo.run import DEMO_STEPS, run_demo
+from sleuth.toy.recipe import DEMO_WORLD_ENTITIES
 
 
 def _run(args) -> int:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import yaml
 
-from sleuth.demo.run import demo_config
 from sleuth.errors import UserError
+from sleuth.toy.recipe import demo_config
 
 # Rollout settings a run was trained with; ``eval``/``ask`` on that run default to them.
 RUN_ROLLOUT_KEYS = ("format", "max_turns", "max_tokens_per_turn", "max_obs_tokens", "max_context_tokens",

@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from sleuth.train import distributed as par
+from sleuth.train.files import fsync_path, fsync_tree, write_text_atomic
 
 
 class CheckpointError(ValueError):
@@ -67,40 +68,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def _fsync(path: Path) -> None:
-    """Flush a file, or a directory's entries, to disk (a no-op where the OS cannot open a directory)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(root: Path) -> None:
-    """Flush every file under ``root`` and ``root`` itself, so that a rename of ``root`` into place
-    publishes only data already on disk (a power cut cannot leave a renamed but empty checkpoint)."""
-    for dirpath, _, files in os.walk(root):
-        for f in files:
-            _fsync(Path(dirpath) / f)
-        _fsync(Path(dirpath))
-
-
-def _write_text_atomic(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` in one step: written beside it, flushed, then renamed over it."""
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync(path.parent)
 
 
 def _latest_name(ckpt_root: Path) -> str | None:
@@ -153,12 +120,12 @@ def save_checkpoint(
     if critic_state is not None:
         torch.save(critic_state, tmp / "critic.pt")
     torch.save({**trainer_state, "step": step, "rng": rng_state()}, tmp / "trainer_state.pt")
-    _fsync_tree(tmp)
+    fsync_tree(tmp)
     if final.exists():  # not the one `latest` names (refused above): no reader depends on it
         shutil.rmtree(final)
     os.replace(tmp, final)
-    _fsync(ckpt_root)
-    _write_text_atomic(ckpt_root / "latest", name + "\n")
+    fsync_path(ckpt_root)
+    write_text_atomic(ckpt_root / "latest", name + "\n")
     older = sorted(p for p in ckpt_root.glob("step_*") if p.is_dir() and ".tmp-" not in p.name and p != final)
     for old in older[: max(len(older) - (keep - 1), 0)] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)

@@ -16,6 +16,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from sleuth.train.files import fsync_path, write_text_atomic
 from sleuth.types import Trajectory
 
 
@@ -99,13 +100,7 @@ def truncate_jsonl(path: Path, step: int) -> bool:
             warnings.warn(f"{path}: dropped its last line (line {torn}), which was cut off (the run was killed "
                           "or the disk was full while writing it)", stacklevel=2)
         os.replace(tmp, path)
-        fd = os.open(path.parent, os.O_RDONLY)  # the rename itself reaches the disk
-        try:
-            os.fsync(fd)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
+        fsync_path(path.parent)  # the rename itself reaches the disk
         return True
     finally:
         tmp.unlink(missing_ok=True)
@@ -127,9 +122,7 @@ def wandb_run_id(out: Path, *, resume: bool) -> str:
         if run_id:
             return run_id
     run_id = uuid.uuid4().hex[:16]
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(run_id + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomic(path, run_id + "\n")
     return run_id
 
 

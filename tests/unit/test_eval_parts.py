@@ -5,11 +5,11 @@ import json
 
 import pytest
 
-from sleuth.errors import UserError
 from sleuth.data.prepare import dataset_and_split
-from sleuth.eval.report import check_setting, read_finished
+from sleuth.errors import UserError
 from sleuth.eval.evaluate import DIRECT_INSTRUCTION, NoSearchFormat, turn_records
 from sleuth.eval.judge import JudgeError, chat_url, parse_verdict
+from sleuth.eval.report import check_setting, read_finished
 from sleuth.rollout.formats import get_format
 from sleuth.types import Question, SearchOutcome, Segment, StopReason, Trajectory, Turn
 
@@ -193,9 +193,9 @@ def test_a_run_is_evaluated_with_the_budget_it_was_trained_with(tmp_path, capsys
 
 
 def test_other_models_get_the_built_in_budget_and_tiny_the_demos(tmp_path, monkeypatch):
-    from sleuth.demo.run import demo_config
     from sleuth.eval.common import rollout_config
     from sleuth.eval.defaults import resolve_run_defaults
+    from sleuth.toy.recipe import demo_config
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "config.yaml").write_text("retrieval:\n  topk: 1\n")  # never read for a hub name
