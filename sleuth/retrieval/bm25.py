@@ -152,3 +152,14 @@ class BM25Retriever:
     def search(self, queries: list[str], k: int) -> list[list[Passage]]:
         """Batched search: one list of at most ``k`` passages (best first, BM25 scores) per query."""
         return [self.store.get_many(rows, scores) for rows, scores in self.search_rows(queries, k)]
+
+    def search_bm25s_order(self, query: str, k: int) -> list[Passage]:
+        """One query ranked by bm25s' own top-k, which orders passages of equal score its own way
+        (:meth:`search` puts the lower row first). The same scores and passages otherwise; the toy
+        world's pretraining transcripts were drawn with this order (:class:`sleuth.toy.corpus.WorldSearch`)."""
+        check_k(k)
+        term_ids = self.query_term_ids(query)
+        if not term_ids:
+            return []
+        rows, scores = self.model.retrieve([term_ids], k=min(k, len(self.store)), show_progress=False)
+        return [self.store.get(int(r), float(s)) for r, s in zip(rows[0], scores[0]) if s > 0]

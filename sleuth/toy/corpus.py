@@ -1,5 +1,5 @@
 """The toy world's corpus as a file in the cache (what ``retrieval.corpus: world`` indexes), and the
-BM25 the pretraining transcripts search it with."""
+search the pretraining transcripts draw their observations from (the same BM25 index)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import shutil
 import uuid
 from pathlib import Path
 
-from sleuth.retrieval.bm25 import BM25Params
+from sleuth.retrieval.factory import bm25_for_corpus
 from sleuth.toy.world import World, generate_world
 from sleuth.types import Passage
 
@@ -43,36 +43,20 @@ def world_corpus_file(world: World) -> Path:
 
 
 class WorldSearch:
-    """BM25 over a world's passages for the pretraining transcripts' observations: bm25s with the
-    settings of :mod:`sleuth.retrieval.bm25` (Lucene k1=0.9 b=0.4, English stemmer and stopwords),
-    with a query cache. It ranks as the retrieval package's BM25 does except among equal scores,
-    where bm25s' own order holds: the shipped tiny model was pretrained on transcripts drawn with it,
-    and the retrieval package's order (lower row first) changes 15 of 3,000 sampled observations.
-    A model rebuilt on those went from EM 0.995 to 0.442 in the demo (measured 2026-11-24, one
-    rebuild), so this stays until the tiny model is rebuilt and re-measured on purpose."""
+    """BM25 over a world's passages for the pretraining transcripts' observations: the retrieval
+    package's index of :func:`world_corpus_file` (the one ``retrieval.corpus: world`` searches),
+    ranked by bm25s' own top-k (:meth:`~sleuth.retrieval.bm25.BM25Retriever.search_bm25s_order`),
+    with a query cache: transcripts ask the same few thousand queries over and over. The shipped
+    tiny model was pretrained on transcripts drawn in that order; the row order of ``search`` breaks
+    ties differently (15 of 3,000 observations), and a model rebuilt on those went from demo EM 0.995
+    to 0.442 (measured 2026-11-24, one rebuild)."""
 
     def __init__(self, world: World):
-        import bm25s  # lazy: only pretraining uses it
-        import Stemmer
-
-        params = BM25Params()
-        self.passages, self._stemmer = list(world.passages), Stemmer.Stemmer(params.stemmer)
-        corpus_tokens = bm25s.tokenize([f"{p.title}\n{p.text}" for p in self.passages], stopwords=params.stopwords,
-                                       stemmer=self._stemmer, show_progress=False)
-        self._bm25 = bm25s.BM25(method=params.method, k1=params.k1, b=params.b)
-        self._bm25.index(corpus_tokens, show_progress=False)
+        self._bm25 = bm25_for_corpus(world_corpus_file(world))
         self._cache: dict[tuple[str, int], list[Passage]] = {}
 
     def search(self, queries: list[str], k: int) -> list[list[Passage]]:
-        import bm25s  # lazy: only pretraining uses it
-
-        out = []
         for q in queries:
             if (q, k) not in self._cache:
-                terms = bm25s.tokenize([q], stopwords="en", stemmer=self._stemmer, return_ids=False,
-                                       show_progress=False)
-                docs, scores = self._bm25.retrieve(terms, k=min(k, len(self.passages)), show_progress=False)
-                self._cache[(q, k)] = [Passage(self.passages[i].id, self.passages[i].title, self.passages[i].text,
-                                               float(s)) for i, s in zip(docs[0], scores[0]) if s > 0]
-            out.append(self._cache[(q, k)])
-        return out
+                self._cache[(q, k)] = self._bm25.search_bm25s_order(q, k)
+        return [list(self._cache[(q, k)]) for q in queries]

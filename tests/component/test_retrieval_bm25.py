@@ -56,6 +56,21 @@ def test_toy_corpus_obvious_answers(tmp_path):
     assert all(len(ps) <= 2 for ps in res)
 
 
+def test_bm25s_order_gives_the_same_passages_and_scores(tmp_path):
+    """``search_bm25s_order`` (the toy transcripts' ranking) differs from ``search`` only in the order
+    of passages with equal scores: same scores, and the same passages when k covers every tie."""
+    rows = [{"id": f"d{i}", "text": text} for i, text in enumerate(
+        ["apple banana", "apple cherry", "banana cherry", "apple", "cherry date", "apple banana", "date"])]
+    r = bm25_index(tmp_path, rows)
+    for query in ("apple", "banana", "cherry date", "apple banana", "fig"):
+        (rows_order,) = r.search([query], k=7)
+        bm25s_order = r.search_bm25s_order(query, 7)
+        assert sorted((p.id, round(p.score, 5)) for p in bm25s_order) == \
+            sorted((p.id, round(p.score, 5)) for p in rows_order)
+        assert [round(p.score, 5) for p in bm25s_order] == [round(p.score, 5) for p in rows_order]  # best first
+    assert r.search_bm25s_order("apple", 1)[0].score == r.search(["apple"], k=1)[0][0].score
+
+
 def test_empty_stopword_and_unknown_queries_return_nothing(tmp_path):
     r = bm25_index(tmp_path, [{"id": "a", "text": "alpha beta"}, {"id": "b", "text": "gamma"}])
     res = r.search(["", "   ", "the of and", "zzzunknown", "alpha"], k=3)
