@@ -36,8 +36,17 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from gpu_common import (add_common_args, build_model, device_spec, free_memory, qwen2_config,  # noqa: E402
-                        report, resolve_device, timed, weight_bytes)
+from gpu_common import (  # noqa: E402
+    add_common_args,
+    build_model,
+    device_spec,
+    free_memory,
+    qwen2_config,
+    report,
+    resolve_device,
+    timed,
+    weight_bytes,
+)
 
 from sleuth.rollout.backends import SamplingParams  # noqa: E402
 from sleuth.rollout.hf_backend import HFBackend  # noqa: E402

@@ -28,8 +28,18 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_common import (add_common_args, build_model, device_spec, free_memory, num_params,  # noqa: E402
-                        peak_memory_gb, qwen2_config, report, resolve_device, timed)
+from gpu_common import (  # noqa: E402
+    add_common_args,
+    build_model,
+    device_spec,
+    free_memory,
+    num_params,
+    peak_memory_gb,
+    qwen2_config,
+    report,
+    resolve_device,
+    timed,
+)
 
 MFU_GOAL = 0.40
 

@@ -40,9 +40,9 @@ def main() -> None:
 
     import tempfile
 
-    import sleuth.train.loop as loop
     import sleuth.models as models
-    from sleuth.config import load_config
+    import sleuth.train.loop as loop
+    from sleuth.config_file import load_config
 
     load_policy = models.load_policy
 

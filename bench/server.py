@@ -57,8 +57,8 @@ def open_retriever(index_dir: str | None, combine: bool):
 
 def serve_process(index_dir, combine, batching, conn) -> None:
     """Child process: load the retriever, serve it on a free loopback port, report the port."""
-    from sleuth.retrieval.serve_cli import _uvicorn_server, bind_socket
     from sleuth.retrieval.search_service import ServerLimits
+    from sleuth.retrieval.serve_cli import _uvicorn_server, bind_socket
     from sleuth.retrieval.server import make_app
 
     app = make_app(open_retriever(index_dir, combine), limits=ServerLimits(cache_size=0, batching=batching))

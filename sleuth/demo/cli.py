@@ -4,13 +4,12 @@ the run itself is :func:`sleuth.demo.run.run_demo`."""
 from __future__ import annotations
 
 from sleuth.demo.run import DEMO_STEPS, run_demo
+from sleuth.errors import UserError
+from sleuth.output import output_dir, print_json_line
 from sleuth.toy.recipe import DEMO_WORLD_ENTITIES
 
 
 def _run(args) -> int:
-    from sleuth.errors import UserError
-    from sleuth.output import output_dir, print_json_line
-
     for flag, value in (("--steps", args.steps), ("--eval-limit", args.eval_limit)):
         if value is not None and value < 1:
             raise UserError(f"{flag} must be >= 1, got {value}")

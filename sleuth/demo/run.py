@@ -48,7 +48,7 @@ def run_demo(out: Path, *, steps: int = DEMO_STEPS, seed: int = 0, world_seed: i
     and pretraining renamed them at random, so the model knows no world's facts."""
     from transformers.utils import logging as hf_logging
 
-    from sleuth.config import apply_overrides  # lazy: pydantic (~0.2 s) at `sleuth --help`
+    from sleuth.config_file import apply_overrides  # lazy: pydantic (~0.2 s) at `sleuth --help`
     from sleuth.train.loop import Trainer  # lazy: torch (~2 s) at `sleuth --help`
 
     hf_logging.disable_progress_bar()  # no "Loading weights" bars between the demo's own lines

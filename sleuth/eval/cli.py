@@ -44,8 +44,14 @@ from sleuth.eval.ask import register_ask
 from sleuth.eval.baseline import load_baseline
 from sleuth.eval.common import add_model_retrieval_args, describe_retriever, load_model, open_retriever, protocol
 from sleuth.eval.defaults import resolve_run_defaults
-from sleuth.eval.report import (check_setting, is_finished, load_published, read_finished, render_report,
-                                results_document)
+from sleuth.eval.report import (
+    check_setting,
+    is_finished,
+    load_published,
+    read_finished,
+    render_report,
+    results_document,
+)
 from sleuth.output import output_dir, print_json_line
 
 

@@ -47,7 +47,7 @@ def add_model_retrieval_args(p: argparse.ArgumentParser) -> None:
 def rollout_config(args):
     """The RolloutConfig of an eval/ask invocation: defaults, the run's own settings, flags, then
     ``--set rollout.*`` (call :func:`resolve_run_defaults` first)."""
-    from sleuth.config import ConfigError, load_config  # lazy: pydantic (~0.2 s) at `sleuth --help`
+    from sleuth.config_file import ConfigError, load_config  # lazy: pydantic (~0.2 s) at `sleuth --help`
 
     bad = [s for s in args.set if not s.startswith("rollout.")]
     if bad:

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from array import array
 import os
+from array import array
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterator

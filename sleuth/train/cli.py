@@ -8,13 +8,15 @@ runs (put the change into the file instead)."""
 
 from __future__ import annotations
 
+from sleuth.output import print_json_line
+
 
 def _run(args) -> int:
-    from sleuth.config import load_config
-    from sleuth.output import print_json_line
-    from sleuth.train import distributed as par
-    from sleuth.train.loop import Trainer
-    from sleuth.train.rundir import check_config_not_rewritten
+    # lazy: `sleuth --help` imports this module; these load pydantic and torch (2.6 s against 0.12 s)
+    from sleuth.config_file import load_config
+    from sleuth.train import distributed as par  # lazy: torch
+    from sleuth.train.loop import Trainer  # lazy: torch, transformers
+    from sleuth.train.rundir import check_config_not_rewritten  # lazy: pydantic
 
     cfg = load_config(args.config, args.set)
     check_config_not_rewritten(args.config, args.out, cfg)

@@ -25,7 +25,8 @@ from sleuth.build import (
     probe_retriever,
     train_questions,
 )
-from sleuth.config import Config, to_dict, validate
+from sleuth.config import Config
+from sleuth.config_file import to_dict, validate
 from sleuth.eval.evaluate import evaluate
 from sleuth.eval.metrics import EvalPerf, EvalSummary, summarize
 from sleuth.models import compute_autocast

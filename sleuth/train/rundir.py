@@ -11,7 +11,8 @@ from pathlib import Path
 
 import yaml
 
-from sleuth.config import Config, ConfigError, load_config, save_config, to_dict
+from sleuth.config import Config
+from sleuth.config_file import ConfigError, load_config, save_config, to_dict
 
 
 def _same_settings(path: Path, cfg) -> bool:

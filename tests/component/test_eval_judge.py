@@ -7,8 +7,8 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from sleuth.eval.metrics import summarize
 from sleuth.eval.judge import LLMJudge
+from sleuth.eval.metrics import summarize
 from sleuth.retrieval.serve_cli import ServerThread
 
 pytestmark = pytest.mark.component

@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from sleuth.retrieval.memory import InMemoryRetriever
-from sleuth.retrieval.serve_cli import ServerThread, bind_socket
 from sleuth.retrieval.search_service import ServerLimits
+from sleuth.retrieval.serve_cli import ServerThread, bind_socket
 from sleuth.retrieval.server import make_app
 from sleuth.types import Passage
 

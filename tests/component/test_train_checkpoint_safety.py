@@ -11,9 +11,16 @@ import numpy as np
 import pytest
 import torch
 
-from sleuth.train.checkpoint import (CheckpointError, latest_checkpoint, load_checkpoint_file, load_policy_weights,
-                                     load_trainer_state, save_checkpoint, set_rng_state)
 from sleuth.models import ModelLoadError, load_policy
+from sleuth.train.checkpoint import (
+    CheckpointError,
+    latest_checkpoint,
+    load_checkpoint_file,
+    load_policy_weights,
+    load_trainer_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from tests.helpers.tiny import tiny_model, tiny_tokenizer
 
 pytestmark = pytest.mark.component

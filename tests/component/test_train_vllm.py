@@ -196,8 +196,8 @@ def test_sampler_logprobs_reach_tis(run):
 
 
 def test_missing_vllm_is_a_clear_user_error(world, tmp_path, monkeypatch, capsys):
-    from sleuth.errors import UserError
     from sleuth.cli import main
+    from sleuth.errors import UserError
 
     monkeypatch.setitem(sys.modules, "vllm", None)  # import vllm -> ImportError
     with pytest.raises(UserError, match=r"rollout.backend=vllm needs vllm.*sleuth\[gpu\].*rollout.backend=hf"):

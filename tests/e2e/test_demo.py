@@ -89,8 +89,8 @@ def test_pretraining_from_scratch_then_rl_learns(tmp_path, monkeypatch):
     ~3 minutes) on the smaller world, then the same GRPO run as above (~1.1 minutes). Catches a
     pretraining change that still runs but no longer gives a model that RL can teach to search.
     Measured 2026-11-24: pretraining 2.9 min (final loss 0.43), EM 0.007 -> 1.0 (single-hop 1.0, two-hop 1.0)."""
-    from sleuth.toy.world import generate_world
     from sleuth.toy import cache as tiny_cache
+    from sleuth.toy.world import generate_world
 
     world = generate_world(LEARN_WORLD[0], n_entities=LEARN_WORLD[1])
     built = tiny_cache.load_or_pretrain_tiny(world, cache_dir=tmp_path / "cache", log=None, use_bundled=False)

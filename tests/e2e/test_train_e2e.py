@@ -163,7 +163,7 @@ def test_bf16_training_keeps_float32_master_weights(world, tmp_path):
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
-    from sleuth.config import load_config
+    from sleuth.config_file import load_config
     from sleuth.train.loop import Trainer
 
     def trainer(dtype, out):
@@ -192,7 +192,7 @@ def test_bf16_training_keeps_float32_master_weights(world, tmp_path):
 
 
 def _trainer(world, out, extra=()):
-    from sleuth.config import load_config
+    from sleuth.config_file import load_config
     from sleuth.train.loop import Trainer
 
     return Trainer(load_config(None, _args(world, out, 2, list(extra))[5::2]), out, progress=False)
@@ -239,9 +239,8 @@ def test_trajectories_whose_search_failed_are_left_out_of_the_loss(world, tmp_pa
 
 
 def test_a_retriever_that_stays_down_stops_the_run_before_any_update(world, tmp_path, monkeypatch):
+    from sleuth.config_file import load_config
     from sleuth.retrieval.base import RetrievalError, RetrieverDownError
-
-    from sleuth.config import load_config
     from sleuth.train.loop import Trainer
 
     out = tmp_path / "run"  # the shipped tiny model on its world: it searches about a third of the time

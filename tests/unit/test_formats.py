@@ -32,7 +32,7 @@ You can search as many times as your want. \
 If you find no further external knowledge needed, you can directly provide the answer inside <answer> and </answer>, without detailed illustrations. For example, <answer> Beijing </answer>. Question: {question}\n"""
 
 # Search-R1 execute_predictions, the invalid-action observation.
-SEARCH_R1_INVALID = f'\nMy previous action is invalid. \
+SEARCH_R1_INVALID = '\nMy previous action is invalid. \
 If I want to search, I should put the query between <search> and </search>. \
 If I want to give the final answer, I should put the answer between <answer> and </answer>. Let me try again.\n'
 

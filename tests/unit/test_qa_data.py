@@ -83,9 +83,9 @@ def test_limit_takes_the_first_n_of_each_source_of_a_merged_file(tmp_path):
     first N rows of each source, in file order, not N rows of NQ only. Real rows, merged the same way."""
     from argparse import Namespace
 
+    from sleuth.build import load_eval_questions, load_questions_for
     from sleuth.config import Config
     from sleuth.eval.cli import load_eval_questions as eval_command_questions
-    from sleuth.build import load_eval_questions, load_questions_for
 
     names = ("nq", "hotpotqa", "musique")
     parts = {n: load_questions(SHARED / "dev" / f"{n}.jsonl", split="test", limit=20) for n in names}

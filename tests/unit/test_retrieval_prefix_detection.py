@@ -7,7 +7,11 @@ import warnings
 import pytest
 
 from sleuth.retrieval.prefixes import (
-    BGE_EN_INSTRUCTION, choose_prefixes, detect_prefixes, encoder_prefixes, search_query_prefix,
+    BGE_EN_INSTRUCTION,
+    choose_prefixes,
+    detect_prefixes,
+    encoder_prefixes,
+    search_query_prefix,
 )
 
 pytestmark = pytest.mark.unit

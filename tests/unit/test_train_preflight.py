@@ -93,7 +93,7 @@ def test_train_refusals_through_the_command(tmp_path, capsys):
 
 
 def test_resume_names_the_settings_that_changed(tmp_path, capsys):
-    from sleuth.config import load_config, save_config
+    from sleuth.config_file import load_config, save_config
     from sleuth.train.rundir import warn_changed_settings
 
     save_config(load_config(None, ["rollout.group_size=5"]), tmp_path / "config.yaml")

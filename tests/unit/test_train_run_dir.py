@@ -13,10 +13,10 @@ import warnings
 import pytest
 
 from sleuth.cli import main
-from sleuth.config import load_config
-from sleuth.train.rundir import write_run_config
+from sleuth.config_file import load_config
 from sleuth.train.logging import MetricsLogger
 from sleuth.train.logging import truncate_logs as _truncate_metrics
+from sleuth.train.rundir import write_run_config
 
 pytestmark = pytest.mark.unit
 

@@ -4,8 +4,9 @@ import json
 
 import pytest
 
-from sleuth.config import Config, from_dict
 from sleuth.build import load_eval_questions, load_questions_for
+from sleuth.config import Config
+from sleuth.config_file import from_dict
 
 pytestmark = pytest.mark.unit
 

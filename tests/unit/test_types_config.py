@@ -4,7 +4,8 @@ import re
 
 import pytest
 
-from sleuth.config import Config, ConfigError, apply_overrides, load_config, save_config
+from sleuth.config import Config
+from sleuth.config_file import ConfigError, apply_overrides, load_config, save_config
 from sleuth.types import Passage, Question, Segment, SegmentKind, Trajectory
 
 pytestmark = pytest.mark.unit
@@ -169,7 +170,7 @@ def test_config_imports_nothing_of_sleuth():
 
 
 def test_every_setting_is_documented_and_bounds_sit_in_the_schema():
-    from sleuth.config import _ADAPTER
+    from sleuth.config_file import _ADAPTER
 
     schema = _ADAPTER.json_schema()
     sections = [("Config", schema), *schema["$defs"].items()]
@@ -185,7 +186,7 @@ def test_every_bound_is_enforced_naming_the_key():
     """For each number with a least value, the value just below it is refused with a message naming the key."""
     import dataclasses
 
-    from sleuth.config import _unwrap
+    from sleuth.config_file import _unwrap
 
     checked = 0
     for section in dataclasses.fields(Config):
@@ -248,7 +249,8 @@ def test_dataclasses_are_plain_data_that_validate_checks():
     ``validate`` (the trainer calls it) checks the whole config as a YAML file is checked."""
     import dataclasses
 
-    from sleuth.config import RewardConfig, to_dict, validate
+    from sleuth.config import RewardConfig
+    from sleuth.config_file import to_dict, validate
 
     assert RewardConfig(kind="bleu").kind == "bleu"
     cfg = Config()

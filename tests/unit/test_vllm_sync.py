@@ -11,8 +11,8 @@ from types import SimpleNamespace as NS
 import pytest
 import torch
 
-from sleuth.errors import UserError
 from sleuth.config import RolloutConfig
+from sleuth.errors import UserError
 from sleuth.rollout import vllm_backend
 from sleuth.rollout.vllm_backend import VLLMBackend, VLLMUnavailable, load_into_engine, trainer_weights
 from tests.helpers.tiny import tiny_model, tiny_tokenizer
