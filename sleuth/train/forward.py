@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from sleuth.algo.logprobs import logprobs_and_entropy
+from sleuth.algo.logprobs import entropy_from_logits, logprobs_and_entropy
 
 
 def length_buckets(lengths_B: list[int], micro_batch_size: int) -> list[list[int]]:
@@ -39,17 +39,23 @@ def token_logprobs(
     *,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    entropy_grad: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprob of each token given its prefix (and the entropy of that prediction), shape [B, T].
 
-    Runs one forward; gradients flow when called with grad enabled.
+    Runs one forward; gradients flow when called with grad enabled. ``entropy_grad=False`` computes
+    the entropy outside the graph (a metric only, e.g. ``algo.entropy_coef == 0``): its softmax is
+    then not kept for the backward pass (a [B, T, V] tensor per micro-batch).
     """
     B, T = input_ids_BT.shape
     positions_BT = (attention_mask_BT.long().cumsum(-1) - 1).clamp(min=0)  # right padding: 0..len-1
     logits_BTV = model(input_ids=input_ids_BT, attention_mask=attention_mask_BT, position_ids=positions_BT).logits
     lp_Bt, ent_Bt = logprobs_and_entropy(
-        logits_BTV[:, :-1], input_ids_BT[:, 1:], temperature=temperature, with_entropy=with_entropy
+        logits_BTV[:, :-1], input_ids_BT[:, 1:], temperature=temperature, with_entropy=with_entropy and entropy_grad
     )  # [B, T-1] each
+    if with_entropy and not entropy_grad:
+        with torch.no_grad():
+            ent_Bt = entropy_from_logits(logits_BTV[:, :-1], temperature=temperature)  # [B, T-1]
     zero_B1 = torch.zeros(B, 1, dtype=lp_Bt.dtype, device=lp_Bt.device)
     lp_BT = torch.cat([zero_B1, lp_Bt], dim=1)  # [B, T]
     ent_BT = torch.cat([zero_B1, ent_Bt], dim=1) if ent_Bt is not None else None

@@ -151,7 +151,10 @@ class Trainer:
             device = next(self.policy.parameters()).device
             ids, att, mask = (rb.input_ids_BT.to(device), rb.attention_mask_BT.to(device),
                               rb.loss_mask_BT.to(device))
-            old = batched_logprobs(self.policy, ids, att, micro_batch_size=mbs, temperature=temp)
+            if self.sampler_logprobs_are_old():
+                old = rb.old_logprobs_BT.to(device)  # the same quantity: one no-grad forward saved
+            else:
+                old = batched_logprobs(self.policy, ids, att, micro_batch_size=mbs, temperature=temp)
         group_ids, mask = self._leave_out_failed_searches(trajs, rb.group_ids, mask, metrics)
         rewards = assign_rewards(trajs, self.reward_fn)  # each trajectory's reward, also kept in t.reward
         metrics.update(reward_metrics(trajs, rewards))
@@ -189,6 +192,15 @@ class Trainer:
         })
         metrics = reduce.reduce_metrics(metrics, world_size=self.ctx.world_size, question_ids=[q.id for q in mine])
         return metrics, trajs
+
+    def sampler_logprobs_are_old(self) -> bool:
+        """Whether the rollout's own logprobs serve as the old policy's: one on-policy pass (one epoch,
+        one mini-batch), sampled by our HF decode from the weights being trained at the training
+        temperature, so they are ``log_softmax(logits / T)`` of the same tokens (equal to float
+        rounding). Not with TIS, which compares the two, nor with vLLM (another engine)."""
+        cfg, tc = self.cfg, self.cfg.train
+        return (tc.epochs == 1 and tc.mini_batches == 1 and cfg.algo.tis_cap is None and self.vllm is None
+                and cfg.rollout.temperature > 0)
 
     def _leave_out_failed_searches(self, trajs, group_ids: list[str], mask_BT: torch.Tensor, metrics: dict):
         """:func:`sleuth.train.failed_searches.leave_out` (a collective under torchrun); a step whose

@@ -113,7 +113,8 @@ def _micro_loss(policy, b: UpdateBatch, rows: list[int], algo: AlgoConfig, denom
     mask_BT = take(b.loss_mask_BT)
     need_entropy = algo.entropy_coef != 0
     lp_BT, ent_BT = token_logprobs(
-        policy, take(b.input_ids_BT), take(b.attention_mask_BT), temperature=temperature, with_entropy=True
+        policy, take(b.input_ids_BT), take(b.attention_mask_BT), temperature=temperature, with_entropy=True,
+        entropy_grad=need_entropy,  # a metric only at coefficient 0: no graph (no [B, T, V] softmax kept)
     )
     old_BT = take(b.old_logprobs_BT)
     tis_BT = None

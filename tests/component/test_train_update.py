@@ -179,3 +179,16 @@ def test_checkpoint_atomic_latest_and_reload(tmp_path):
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert names == ["latest", "step_000003", "step_000004"]  # stale tmp removed, 2 kept
     assert latest_checkpoint(tmp_path).name == "step_000004"
+
+
+def test_entropy_as_a_metric_is_computed_outside_the_graph():
+    """At ``entropy_coef == 0`` the entropy is a metric: the same values, no autograd graph (its
+    [B, T, V] softmax is not kept for the backward pass); with a coefficient it keeps its gradient."""
+    tok = tiny_tokenizer()
+    ids, att, _ = _batch(tok)
+    model = tiny_model(tok, seed=1).train()
+    lp_a, ent_a = token_logprobs(model, ids, att, temperature=0.7, with_entropy=True)
+    lp_b, ent_b = token_logprobs(model, ids, att, temperature=0.7, with_entropy=True, entropy_grad=False)
+    torch.testing.assert_close(ent_b, ent_a.detach(), atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(lp_b, lp_a, atol=0, rtol=0)
+    assert ent_a.requires_grad and not ent_b.requires_grad and lp_b.requires_grad

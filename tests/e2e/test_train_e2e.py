@@ -271,3 +271,39 @@ def test_train_command_prints_a_retriever_down_error_and_exits_1(world, tmp_path
     monkeypatch.setattr(Trainer, "run", down)
     assert main(_args(world, tmp_path / "run", 2)) == 1
     assert "sleuth: error: every search of step 3 failed" in capsys.readouterr().err
+
+
+def test_one_on_policy_pass_reuses_the_samplers_logprobs(world, tmp_path, monkeypatch):
+    """One epoch, one mini-batch, no TIS, our HF decode: the rollout's logprobs are the old policy's
+    (log_softmax(logits / T) of the same tokens from the same weights), so the trainer's no-grad
+    forward that recomputed them is skipped. They agree with that forward to float rounding."""
+    import sleuth.train.loop as loop
+
+    trainer = _trainer(world, tmp_path / "run", ["algo.kl_coef=0", "rollout.temperature=0.8"])
+    assert trainer.sampler_logprobs_are_old()
+    calls, seen = [], {}
+    real_logprobs, real_update = loop.batched_logprobs, loop.policy_update
+    monkeypatch.setattr(loop, "batched_logprobs", lambda *a, **kw: calls.append(1) or real_logprobs(*a, **kw))
+
+    def update(model, opt, batch, algo, **kw):
+        seen["batch"] = batch
+        return real_update(model, opt, batch, algo, **kw)
+
+    monkeypatch.setattr(loop, "policy_update", update)
+    trainer.train_step()
+    assert calls == []  # no recomputation of the old logprobs
+    b = seen["batch"]
+    mask = b.loss_mask_BT.bool()
+    assert mask.sum() > 0 and torch.equal(b.old_logprobs_BT, b.sampler_logprobs_BT)
+    # the same quantity: a fresh trainer's forward over its own rollout (the policy above has moved)
+    fresh = _trainer(world, tmp_path / "fresh", ["algo.kl_coef=0", "rollout.temperature=0.8"])
+    trajs, _ = fresh.rollout(fresh.sampler.next(2), step=1)
+    from sleuth.rollout.batching import trajectories_to_batch
+
+    rb = trajectories_to_batch(trajs, fresh.tokenizer.pad_token_id)
+    again = real_logprobs(fresh.policy, rb.input_ids_BT, rb.attention_mask_BT, micro_batch_size=8, temperature=0.8)
+    m = rb.loss_mask_BT.bool()
+    assert (again[m] - rb.old_logprobs_BT[m]).abs().max() < 1e-4
+    # two epochs (PPO-style reuse of the batch): the old policy is recomputed
+    two = _trainer(world, tmp_path / "two", ["algo.kl_coef=0", "train.epochs=2"])
+    assert not two.sampler_logprobs_are_old()
