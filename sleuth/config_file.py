@@ -133,5 +133,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     return apply_overrides(cfg, overrides or [])
 
 
+def config_yaml(cfg: Config) -> str:
+    """The YAML text of ``cfg`` (sections and fields in their order)."""
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
 def save_config(cfg: Config, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    Path(path).write_text(config_yaml(cfg))

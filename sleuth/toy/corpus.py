@@ -37,8 +37,10 @@ def world_corpus_file(world: World) -> Path:
         world.write(tmp)
         try:
             tmp.rename(out)
-        except OSError:  # another process won the race
+        except OSError:
             shutil.rmtree(tmp, ignore_errors=True)
+            if not (out / "corpus.jsonl").exists():  # not a race another process won: say what failed
+                raise
     return out / "corpus.jsonl"
 
 

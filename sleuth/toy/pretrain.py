@@ -45,7 +45,7 @@ EOS, PAD = "<|endoftext|>", "<|pad|>"
 def build_tokenizer(texts: list[str], names: list[str] | None = None):
     """A byte-level unigram tokenizer with a vocabulary we choose: every word of ``texts`` seen twice
     or more is one token, and so is every invented name (``names``, default: the whole
-    :func:`~sleuth.toy.world.name_inventory`, so the tokenizer serves every world), every year
+    :func:`~sleuth.toy.names.name_inventory`, so the tokenizer serves every world), every year
     1700-2029 and every number 1-40 (after a space; names also without it). Copying a name or a
     year from a passage is then one token. Anything else falls back to bytes. Protocol tags are
     single added (non-special) tokens; ``<|endoftext|>`` is eos (and bos), ``<|pad|>`` pad."""

@@ -91,7 +91,7 @@ def synthesize_transcript(world: World, q: Question, fmt, search: WorldSearch, s
 
 class Renamer:
     """Renames every invented name in a transcript by one random permutation of the
-    :func:`~sleuth.toy.world.name_inventory`, kind by kind (``Bansozun`` -> ``Tanzin``,
+    :func:`~sleuth.toy.names.name_inventory`, kind by kind (``Bansozun`` -> ``Tanzin``,
     ``Budoport`` -> ``Lenfakonport``), the same way in the question, the queries, the passages and
     the answer; years too (1700-2029, one map per transcript). Names and years then carry nothing
     to memorise: the only way to predict a query or an answer is to copy it from the context, and

@@ -126,7 +126,9 @@ def save_checkpoint(
     os.replace(tmp, final)
     fsync_path(ckpt_root)
     write_text_atomic(ckpt_root / "latest", name + "\n")
-    older = sorted(p for p in ckpt_root.glob("step_*") if p.is_dir() and ".tmp-" not in p.name and p != final)
+    # pruned first: steps after this one (left by a run rewound by hand: no longer its history), then the oldest
+    older = sorted((p for p in ckpt_root.glob("step_*") if p.is_dir() and ".tmp-" not in p.name and p != final),
+                   key=lambda p: (p.name < final.name, p.name))
     for old in older[: max(len(older) - (keep - 1), 0)] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final

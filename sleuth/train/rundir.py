@@ -12,7 +12,8 @@ from pathlib import Path
 import yaml
 
 from sleuth.config import Config
-from sleuth.config_file import ConfigError, load_config, save_config, to_dict
+from sleuth.config_file import ConfigError, config_yaml, load_config, to_dict
+from sleuth.train.files import write_text_atomic
 
 
 def _same_settings(path: Path, cfg) -> bool:
@@ -34,9 +35,7 @@ def write_run_config(cfg, run_dir: str | Path) -> bool:
     path = Path(run_dir) / "config.yaml"
     if path.is_file() and _same_settings(path, cfg):
         return False
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    save_config(cfg, tmp)
-    os.replace(tmp, path)
+    write_text_atomic(path, config_yaml(cfg))
     return True
 
 

@@ -150,3 +150,13 @@ def test_an_older_trainer_state_with_a_numpy_rng_array_still_resumes(tmp_path, m
     expected = np.random.rand()
     set_rng_state(load_trainer_state(ckpt)["rng"])
     assert np.random.rand() == expected
+
+
+def test_after_a_rewind_the_abandoned_later_steps_are_pruned_before_the_history(tmp_path, model_and_tok):
+    """``latest`` pointed back at step 1 by hand, then step 2 saved again with ``keep=2``: the
+    abandoned step 3 goes, step 1 (the history before the new step, a fallback) stays."""
+    for step in (1, 2, 3):
+        _save(tmp_path, step, model_and_tok, marker=step)
+    (tmp_path / "checkpoints" / "latest").write_text("step_000001\n")
+    _save(tmp_path, 2, model_and_tok, keep=2, marker=22)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["latest", "step_000001", "step_000002"]
