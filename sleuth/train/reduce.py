@@ -29,16 +29,6 @@ def world_info() -> tuple[int, bool]:
     return 1, False
 
 
-def global_sum(local: float, device: torch.device) -> float:
-    """``local`` summed over every rank."""
-    world, on = world_info()
-    if not on:
-        return local
-    t = torch.tensor([local], dtype=torch.float64, device=device)
-    dist.all_reduce(t)
-    return float(t.item())
-
-
 def all_ranks_true(finite: bool, device: torch.device) -> bool:
     """True only if ``finite`` is True on every rank."""
     world, on = world_info()
@@ -92,13 +82,22 @@ def reduce_metrics(metrics: dict[str, float], *, world_size: int, question_ids: 
     return out
 
 
-def all_sum(values: list[float], device: torch.device | str = "cpu") -> list[float]:
-    """``values`` summed over every rank (a collective under torchrun); as they are in one process."""
+def _reduced(values: list[float], device: torch.device | str, op) -> list[float]:
     if not (dist.is_available() and dist.is_initialized()):
         return [float(v) for v in values]
     t = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(t)
+    dist.all_reduce(t, op=op)
     return t.tolist()
+
+
+def all_sum(values: list[float], device: torch.device | str = "cpu") -> list[float]:
+    """``values`` summed over every rank (a collective under torchrun); as they are in one process."""
+    return _reduced(values, device, dist.ReduceOp.SUM)
+
+
+def all_max(values: list[float], device: torch.device | str = "cpu") -> list[float]:
+    """``values``' maxima over every rank (a collective under torchrun); as they are in one process."""
+    return _reduced(values, device, dist.ReduceOp.MAX)
 
 
 def interleave(shards: list[list]) -> list:

@@ -23,7 +23,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 from sleuth.algo.advantages import (
     ADVANTAGES,
@@ -44,7 +43,7 @@ from sleuth.algo.losses import (
 )
 from sleuth.config import AlgoConfig
 from sleuth.train.forward import length_buckets, token_logprobs
-from sleuth.train.reduce import all_ranks_true, global_sum, global_whiten, world_info
+from sleuth.train.reduce import all_max, all_ranks_true, all_sum, global_whiten, world_info
 
 
 @dataclass
@@ -149,16 +148,10 @@ def _combine_token_metrics(token_sums: dict[str, float], tokens: float, maxima: 
     """Token-weighted means and maxima over every rank's micro-batches (collectives under torchrun;
     every rank has the same keys, since they come from the shared config)."""
     keys, max_keys = sorted(token_sums), sorted(maxima)
-    _, on = world_info()
-    sums = torch.tensor([token_sums[k] for k in keys] + [tokens], dtype=torch.float64, device=device)
-    peaks = torch.tensor([maxima[k] for k in max_keys], dtype=torch.float64, device=device)
-    if on:
-        dist.all_reduce(sums)
-        if max_keys:
-            dist.all_reduce(peaks, op=dist.ReduceOp.MAX)
-    total = max(float(sums[-1]), 1.0)
-    out = {k: float(sums[i]) / total for i, k in enumerate(keys)}
-    out.update({k: float(peaks[i]) for i, k in enumerate(max_keys)})
+    *sums, total = all_sum([token_sums[k] for k in keys] + [tokens], device)
+    peaks = all_max([maxima[k] for k in max_keys], device) if max_keys else []
+    out = {k: v / max(total, 1.0) for k, v in zip(keys, sums)}
+    out.update(zip(max_keys, peaks))
     return out
 
 
@@ -204,7 +197,7 @@ def policy_update(
         perm = torch.randperm(B, generator=gen).tolist() if mini_batches > 1 else list(range(B))
         for m in range(mini_batches):
             mb_rows = perm[m::mini_batches]
-            denom = global_sum(_denominator(algo, batch.loss_mask_BT, mb_rows), device)
+            (denom,) = all_sum([_denominator(algo, batch.loss_mask_BT, mb_rows)], device)
             optimizer.zero_grad(set_to_none=True)
             if critic_optimizer is not None:
                 critic_optimizer.zero_grad(set_to_none=True)

@@ -163,12 +163,8 @@ def test_bf16_training_keeps_float32_master_weights(world, tmp_path):
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
-    from sleuth.config_file import load_config
-    from sleuth.train.loop import Trainer
-
     def trainer(dtype, out):
-        overrides = _args(world, out, 1, [f"model.dtype={dtype}", "train.lr=1e-6", "algo.kl_coef=0"])[5::2]
-        return Trainer(load_config(None, overrides), out, progress=False)
+        return _trainer(world, out, [f"model.dtype={dtype}", "train.lr=1e-6", "algo.kl_coef=0"])
 
     base = AutoModelForCausalLM.from_pretrained(world / "model")
     f32 = trainer("float32", tmp_path / "f32")
