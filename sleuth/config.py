@@ -251,6 +251,35 @@ class EvalConfig:
 
 
 @_section
+class SftConfig:
+    source: Literal["synthesize", "trajectories"] = "synthesize"
+    """Where ``sleuth sft`` gets its transcripts: ``synthesize`` writes them from ``data.train_files`` and the
+    retriever (search with the question, a follow-up search when the first results miss the answer, kept only
+    when a gold answer is in the retrieved passages); ``trajectories`` reads ``sft.files``."""
+    files: Names = field(default_factory=list)
+    """source=trajectories: a run's ``samples.jsonl`` or a JSONL of transcripts (``question``,
+    ``golden_answers``, ``segments`` of ``{"kind": "sampled" | "injected", "text"}``, optional ``reward``)."""
+    min_reward: Float | None = None
+    """source=trajectories: keep only records whose ``reward`` is at least this (rejection-sampling fine-tuning;
+    a record without a reward is then dropped); None keeps every record."""
+    follow_up: Bool = True
+    """source=synthesize: when the question's own search misses the answer, search the title of the first deeper
+    passage (of the top 20) that holds it and keep the transcript if that search finds the answer."""
+    max_transcripts: Annotated[Int | None, Field(ge=1)] = None
+    """Train on at most this many transcripts (the first ones; None = all)."""
+    epochs: Annotated[Float, Field(gt=0)] = 1.0
+    """Passes over the transcripts (fractions allowed); sets the step count unless ``sft.steps`` does."""
+    steps: Annotated[Int | None, Field(ge=1)] = None
+    """Optimizer steps (None: ``epochs`` passes of ``batch_size`` transcripts)."""
+    batch_size: Annotated[Int, Field(ge=1)] = 8
+    """Transcripts per optimizer step (split into ``train.micro_batch_size`` rows per forward)."""
+    lr: Annotated[Float, Field(ge=0)] = 1e-5
+    """AdamW learning rate (after warm-up; ``train.schedule`` decays it)."""
+    warmup_steps: Annotated[Int, Field(ge=0)] = 0
+    """Steps of linear learning-rate warm-up."""
+
+
+@_section
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     """The policy model."""
@@ -268,3 +297,5 @@ class Config:
     """Optimisation, checkpoints, logging."""
     eval: EvalConfig = field(default_factory=EvalConfig)
     """Evaluation during training."""
+    sft: SftConfig = field(default_factory=SftConfig)
+    """Supervised fine-tuning on protocol transcripts (``sleuth sft``)."""

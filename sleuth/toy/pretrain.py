@@ -30,7 +30,7 @@ from sleuth.toy.names import name_inventory
 from sleuth.toy.specs import TINY_VERSION, PretrainSpec, TinyModelSpec, cache_key
 from sleuth.toy.transcripts import SEARCH_OPENING, pretraining_docs
 from sleuth.toy.world import World
-from sleuth.train.sft import batch_tensors, bucket_rows, lm_loss, pack_rows
+from sleuth.train.sft import bucket_rows, pack_rows, supervised_step
 from sleuth.types import Question
 
 TAGS = ["<think>", "</think>", "<search>", "</search>", "<information>", "</information>", "<answer>", "</answer>"]
@@ -203,18 +203,12 @@ def pretrain_tiny(world: World, out_dir: str | Path, model_spec: TinyModelSpec =
             elif spec.drill_world_rows:  # world rows in the warm-up too: no shock when it ends
                 start = step * spec.drill_world_rows % max(1, len(rows) - spec.drill_world_rows)
                 batch = batch + rows[start:start + spec.drill_world_rows]
-            input_ids_BT, labels_BT, mask_BT = batch_tensors(batch, tokenizer.pad_token_id)
-            loss = lm_loss(model, input_ids_BT, labels_BT, mask_BT)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            losses.append(loss.item())
+            losses.append(supervised_step(model, opt, batch, tokenizer.pad_token_id, grad_clip=1.0)["loss"])
             if phase == "drill" and len(losses) >= 20 and sum(losses[-20:]) / 20 < spec.drill_stop_loss:
                 log and log(f"tiny pretrain copy warm-up done after {step + 1} steps (loss {losses[-1]:.3f})")
                 break
             if log and (step % 100 == 0 or step == n_steps - 1):
-                log(f"tiny pretrain {phase} step {step + 1}/{n_steps} loss {loss.item():.3f} ({time.time() - t0:.0f}s)")
+                log(f"tiny pretrain {phase} step {step + 1}/{n_steps} loss {losses[-1]:.3f} ({time.time() - t0:.0f}s)")
             if callback is not None and phase == "world":
                 callback(step, steps, model, tokenizer)
     model.eval()

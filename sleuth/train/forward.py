@@ -4,9 +4,17 @@ micro-batches, so little compute goes to padding.
 Alignment convention (the same as ``sleuth.rollout.batching``): rows are right-padded, and column
 ``t`` of every ``_BT`` tensor refers to token ``input_ids[:, t]``; its logprob comes from the logits
 at position ``t - 1``. Column 0 (always a prompt token) gets logprob 0.
+
+The output layer only where a logprob is needed: given ``needed_BT`` (the loss mask), the model is
+asked for the logits at positions ``t - 1`` of the needed columns only (transformers'
+``logits_to_keep`` as a boolean [B, T] mask, through the model's own forward, so DDP, FSDP2 and
+peft wrappers see an ordinary call). The prompt, the ``<information>`` blocks and the padding cost
+no vocabulary projection, no log-softmax and no entropy; their columns hold 0.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -32,6 +40,32 @@ def padding_share(lengths_B: list[int], buckets: list[list[int]]) -> float:
     return 0.0 if computed == 0 else 1.0 - real / computed
 
 
+@functools.cache
+def _keeps_masked_logits() -> bool:
+    """Whether this transformers takes a boolean [B, T] ``logits_to_keep`` (and returns [N, V])."""
+    import transformers.modeling_utils as mu
+
+    return hasattr(mu, "slice_logits_to_keep")
+
+
+def _wrapped(model):
+    """The module under a DDP wrapper (FSDP2 and peft keep the model's own class and forward)."""
+    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+
+
+def selected_logits(model, input_ids_BT, attention_mask_BT, position_ids_BT, keep_BT) -> torch.Tensor:
+    """Logits [N, V] at the True positions of ``keep_BT`` (row-major order), through the model's own
+    forward (``position_ids_BT`` None: the model's default positions)."""
+    inner = _wrapped(model)
+    takes_mask = _keeps_masked_logits() and hasattr(inner, "get_output_embeddings")
+    kwargs = {"logits_to_keep": keep_BT} if takes_mask else {}
+    logits = model(input_ids=input_ids_BT, attention_mask=attention_mask_BT, position_ids=position_ids_BT,
+                   **kwargs).logits
+    if logits.dim() == 3:  # a model that computed every position: select afterwards (same values)
+        logits = logits[keep_BT]
+    return logits  # [N, V]
+
+
 def token_logprobs(
     model,
     input_ids_BT: torch.Tensor,
@@ -40,15 +74,21 @@ def token_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     entropy_grad: bool = True,
+    needed_BT: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprob of each token given its prefix (and the entropy of that prediction), shape [B, T].
 
     Runs one forward; gradients flow when called with grad enabled. ``entropy_grad=False`` computes
     the entropy outside the graph (a metric only, e.g. ``algo.entropy_coef == 0``): its softmax is
-    then not kept for the backward pass (a [B, T, V] tensor per micro-batch).
+    then not kept for the backward pass (a [B, T, V] tensor per micro-batch). ``needed_BT`` (e.g.
+    the loss mask): only those columns are computed (the output layer runs at their positions
+    only); the others hold 0.
     """
     B, T = input_ids_BT.shape
     positions_BT = (attention_mask_BT.long().cumsum(-1) - 1).clamp(min=0)  # right padding: 0..len-1
+    if needed_BT is not None:
+        return _needed_logprobs(model, input_ids_BT, attention_mask_BT, positions_BT, needed_BT.bool(),
+                                temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad)
     logits_BTV = model(input_ids=input_ids_BT, attention_mask=attention_mask_BT, position_ids=positions_BT).logits
     lp_Bt, ent_Bt = logprobs_and_entropy(
         logits_BTV[:, :-1], input_ids_BT[:, 1:], temperature=temperature, with_entropy=with_entropy and entropy_grad
@@ -56,6 +96,31 @@ def token_logprobs(
     if with_entropy and not entropy_grad:
         with torch.no_grad():
             ent_Bt = entropy_from_logits(logits_BTV[:, :-1], temperature=temperature)  # [B, T-1]
+    return _with_first_column(lp_Bt, ent_Bt)
+
+
+def _needed_logprobs(model, input_ids_BT, attention_mask_BT, positions_BT, needed_BT, *, temperature,
+                     with_entropy, entropy_grad):
+    """``token_logprobs`` at the columns of ``needed_BT`` only: logits at their positions ``t - 1``."""
+    keep_BT = torch.zeros_like(needed_BT)
+    keep_BT[:, :-1] = needed_BT[:, 1:]  # the logits at t - 1 score token t
+    logits_1NV = selected_logits(model, input_ids_BT, attention_mask_BT, positions_BT, keep_BT)[None]
+    tokens_1N = input_ids_BT[:, 1:][needed_BT[:, 1:]][None]
+    lp_1N, ent_1N = logprobs_and_entropy(logits_1NV, tokens_1N, temperature=temperature,
+                                         with_entropy=with_entropy and entropy_grad)
+    if with_entropy and not entropy_grad:
+        with torch.no_grad():
+            ent_1N = entropy_from_logits(logits_1NV, temperature=temperature)
+    B, T = input_ids_BT.shape
+    zeros_Bt = torch.zeros(B, T - 1, dtype=lp_1N.dtype, device=lp_1N.device)
+    lp_Bt = zeros_Bt.masked_scatter(needed_BT[:, 1:], lp_1N[0])  # [B, T-1], differentiable in lp_1N
+    ent_Bt = zeros_Bt.masked_scatter(needed_BT[:, 1:], ent_1N[0]) if ent_1N is not None else None
+    return _with_first_column(lp_Bt, ent_Bt)
+
+
+def _with_first_column(lp_Bt: torch.Tensor, ent_Bt: torch.Tensor | None):
+    """[B, T-1] per-token values -> [B, T] with column 0 (no prefix) = 0."""
+    B = lp_Bt.shape[0]
     zero_B1 = torch.zeros(B, 1, dtype=lp_Bt.dtype, device=lp_Bt.device)
     lp_BT = torch.cat([zero_B1, lp_Bt], dim=1)  # [B, T]
     ent_BT = torch.cat([zero_B1, ent_Bt], dim=1) if ent_Bt is not None else None
@@ -70,9 +135,10 @@ def batched_logprobs(
     *,
     micro_batch_size: int,
     temperature: float = 1.0,
+    needed_BT: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``token_logprobs`` over a whole batch in length buckets, without gradients; [B, T] on CPU
-    of the inputs' device."""
+    """``token_logprobs`` over a whole batch in length buckets, without gradients; [B, T] on the
+    inputs' device. With ``needed_BT`` only those columns are computed (the rest hold 0)."""
     lengths_B = attention_mask_BT.sum(-1).tolist()
     out_BT = torch.zeros(input_ids_BT.shape, dtype=torch.float32, device=input_ids_BT.device)
     device = next(model.parameters()).device
@@ -84,6 +150,7 @@ def batched_logprobs(
             input_ids_BT[idx, :L].to(device),
             attention_mask_BT[idx, :L].to(device),
             temperature=temperature,
+            needed_BT=None if needed_BT is None else needed_BT[idx, :L].to(device),
         )
         out_BT[idx, :L] = lp.float().to(out_BT.device)
     return out_BT

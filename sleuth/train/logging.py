@@ -140,6 +140,7 @@ class MetricsLogger:
         enabled: bool = True,
         progress: bool = True,
         resume: bool = False,
+        label: str = "train",
     ):
         self.out = Path(out_dir)
         self.enabled = enabled
@@ -174,7 +175,7 @@ class MetricsLogger:
             )
 
             self._progress = Progress(
-                TextColumn("[bold]train"),
+                TextColumn(f"[bold]{label}"),
                 BarColumn(),
                 TextColumn("{task.completed}/{task.total}"),
                 TimeElapsedColumn(),
@@ -209,7 +210,7 @@ class MetricsLogger:
         if self._progress is not None:
             info = "  ".join(
                 f"{k.split('/')[-1]}={row[k]:.3f}"
-                for k in ("reward/mean", "reward/em", "rollout/searches_mean", "algo/loss")
+                for k in ("reward/mean", "reward/em", "rollout/searches_mean", "algo/loss", "sft/loss")
                 if isinstance(row.get(k), (int, float))
             )
             self._progress.update(self._task, completed=step, info=info)

@@ -154,13 +154,13 @@ class Trainer:
             if self.sampler_logprobs_are_old():
                 old = rb.old_logprobs_BT.to(device)  # the same quantity: one no-grad forward saved
             else:
-                old = batched_logprobs(self.policy, ids, att, micro_batch_size=mbs, temperature=temp)
+                old = batched_logprobs(self.policy, ids, att, micro_batch_size=mbs, temperature=temp, needed_BT=mask)
         group_ids, mask = self._leave_out_failed_searches(trajs, rb.group_ids, mask, metrics)
         rewards = assign_rewards(trajs, self.reward_fn)  # each trajectory's reward, also kept in t.reward
         metrics.update(reward_metrics(trajs, rewards))
         turns = sum(t.num_turns for t in trajs)
         metrics["rollout/invalid_rate"] = sum(t.num_invalid for t in trajs) / max(turns, 1)
-        ref = self._ref_logprobs(ids, att, mbs, temp) if self.state.use_ref else None
+        ref = self._ref_logprobs(ids, att, mask, mbs, temp) if self.state.use_ref else None
         values = returns = None
         if self.state.critic is not None:
             with par.gathered(self.state.critic), torch.no_grad():
@@ -213,13 +213,15 @@ class Trainer:
         metrics["rollout/failed_search_trajectories"] = float(n_failed)
         return group_ids, mask_BT
 
-    def _ref_logprobs(self, ids, att, mbs, temp):
-        """The frozen reference's logprobs: a separate copy, or (LoRA) the policy without adapters."""
+    def _ref_logprobs(self, ids, att, mask, mbs, temp):
+        """The frozen reference's logprobs at the trained tokens: a separate copy, or (LoRA) the policy
+        without adapters."""
         if self.state.ref is not None:
             with par.gathered(self.state.ref):
-                return batched_logprobs(self.state.ref, ids, att, micro_batch_size=mbs, temperature=temp)
+                return batched_logprobs(self.state.ref, ids, att, micro_batch_size=mbs, temperature=temp,
+                                        needed_BT=mask)
         with self.policy.disable_adapter():
-            return batched_logprobs(self.policy, ids, att, micro_batch_size=mbs, temperature=temp)
+            return batched_logprobs(self.policy, ids, att, micro_batch_size=mbs, temperature=temp, needed_BT=mask)
 
     def evaluate(self, *, no_search: bool = False) -> dict:
         """Greedy, one sample per question, the same rollout code (``sleuth.eval.evaluate``);

@@ -114,6 +114,7 @@ def _micro_loss(policy, b: UpdateBatch, rows: list[int], algo: AlgoConfig, denom
     lp_BT, ent_BT = token_logprobs(
         policy, take(b.input_ids_BT), take(b.attention_mask_BT), temperature=temperature, with_entropy=True,
         entropy_grad=need_entropy,  # a metric only at coefficient 0: no graph (no [B, T, V] softmax kept)
+        needed_BT=mask_BT,  # the output layer at trained positions only
     )
     old_BT = take(b.old_logprobs_BT)
     tis_BT = None

@@ -192,3 +192,29 @@ def test_entropy_as_a_metric_is_computed_outside_the_graph():
     torch.testing.assert_close(ent_b, ent_a.detach(), atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(lp_b, lp_a, atol=0, rtol=0)
     assert ent_a.requires_grad and not ent_b.requires_grad and lp_b.requires_grad
+
+
+def test_output_layer_runs_only_at_needed_positions():
+    """``needed_BT`` (the loss mask): the output layer sees one row per needed token (counted with a
+    hook on ``lm_head``), the needed columns' logprobs, entropies and gradients equal those of the
+    full forward, and the other columns hold 0."""
+    tok = tiny_tokenizer()
+    ids, att, loss_mask = _batch(tok)
+    full_model, part_model = tiny_model(tok, seed=1).train(), tiny_model(tok, seed=1).train()
+    seen = []
+    part_model.lm_head.register_forward_hook(lambda mod, args, out: seen.append(args[0].shape))
+    lp_a, ent_a = token_logprobs(full_model, ids, att, temperature=0.7, with_entropy=True)
+    lp_b, ent_b = token_logprobs(part_model, ids, att, temperature=0.7, with_entropy=True, needed_BT=loss_mask)
+    assert seen == [torch.Size([int(loss_mask.sum()), full_model.config.hidden_size])]
+    keep = loss_mask.bool()
+    torch.testing.assert_close(lp_b[keep], lp_a[keep], atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(ent_b[keep], ent_a[keep], atol=1e-6, rtol=1e-6)
+    assert not lp_b[~keep].any() and not ent_b[~keep].any()
+    weights = torch.randn(ids.shape, generator=torch.Generator().manual_seed(3))
+    ((lp_a * keep * weights).sum() + (ent_a * keep).sum()).backward()
+    ((lp_b * keep * weights).sum() + (ent_b * keep).sum()).backward()
+    for (name, p_a), p_b in zip(full_model.named_parameters(), part_model.parameters()):
+        torch.testing.assert_close(p_b.grad, p_a.grad, atol=1e-5, rtol=1e-4, msg=name)
+    bucketed = batched_logprobs(part_model, ids, att, micro_batch_size=3, temperature=0.7, needed_BT=loss_mask)
+    torch.testing.assert_close(bucketed[keep], lp_a[keep].detach(), atol=1e-6, rtol=1e-6)
+    assert not bucketed[~keep].any()

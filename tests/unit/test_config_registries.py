@@ -77,7 +77,7 @@ REGISTRIES = {
     "train.parallel": ("sleuth.train.distributed.PARALLEL", _parallel),
 }
 # Choices whose users test the names in place (no registry to compare with).
-FIXED = {"rollout.backend", "algo.kl_mode", "train.schedule", "train.on_collapse"}
+FIXED = {"rollout.backend", "algo.kl_mode", "train.schedule", "train.on_collapse", "sft.source"}
 
 
 def _choice_fields() -> dict[str, tuple]:

@@ -271,6 +271,6 @@ def test_saved_yaml_keeps_the_sections_and_fields_in_order(tmp_path):
                                      "model.lora_targets=[q_proj]", "rollout.format=search_r1_tiny"])
     save_config(cfg, tmp_path / "c.yaml")
     data = yaml.safe_load((tmp_path / "c.yaml").read_text())
-    assert list(data) == ["model", "data", "retrieval", "rollout", "reward", "algo", "train", "eval"]
+    assert list(data) == ["model", "data", "retrieval", "rollout", "reward", "algo", "train", "eval", "sft"]
     assert list(data["train"])[:3] == ["total_steps", "questions_per_step", "lr"] and data["train"]["lr"] == 1e-6
     assert load_config(tmp_path / "c.yaml") == cfg

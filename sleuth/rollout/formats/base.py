@@ -21,6 +21,9 @@ test doubles need not define them):
                                     template's generation prompt ("<think>" for R1-Searcher chat)
     fmt.tools              -> list  JSON schemas for ``apply_chat_template(..., tools=...)`` when
                                     ``tool_messages`` is True (the ``tool_call`` format)
+    fmt.search_turn(query, thought) -> str   a policy turn that searches, and
+    fmt.answer_turn(answer, thought) -> str  one that answers: how ``sleuth sft`` writes the policy's
+                                    turns of a synthesized transcript (``search_r1``, ``tool_call``)
 
 Parsing rules shared by every format (each departs from its paper's code only where noted):
 

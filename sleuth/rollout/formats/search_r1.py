@@ -97,6 +97,14 @@ class SearchR1Format:
         text = remove_blocks(response_text, "<information>", "</information>")
         return last_tag_content(text, "<answer>", "</answer>")
 
+    def search_turn(self, query: str, thought: str) -> str:
+        """A policy turn that reasons, then searches (what ``sleuth sft`` writes)."""
+        return f"<think> {thought} </think>\n<search> {query} </search>"
+
+    def answer_turn(self, answer: str, thought: str) -> str:
+        """A policy turn that reasons, then answers."""
+        return f"<think> {thought} </think>\n<answer> {answer} </answer>"
+
 
 TINY_INSTRUCTION = "Answer the question. Search for facts if you must. Question: {question}\n"
 

@@ -164,3 +164,12 @@ class ToolCallFormat:
     def extract_answer(self, response_text: str) -> str | None:
         text = remove_blocks(response_text, "<tool_response>", "</tool_response>")
         return last_tag_content(text, "<answer>", "</answer>")
+
+    def search_turn(self, query: str, thought: str) -> str:
+        """A policy turn that reasons, then calls the search tool (what ``sleuth sft`` writes)."""
+        call = json.dumps({"name": "search", "arguments": {"query_list": [query]}}, ensure_ascii=False)
+        return f"<think> {thought} </think>\n<tool_call>{call}</tool_call>"
+
+    def answer_turn(self, answer: str, thought: str) -> str:
+        """A policy turn that reasons, then answers."""
+        return f"<think> {thought} </think>\n<answer> {answer} </answer>"
