@@ -5,6 +5,7 @@ rules as ``sleuth train``: a new run never writes over an earlier one in ``--out
 from __future__ import annotations
 
 from sleuth.output import print_json_line
+from sleuth.train.cli import add_run_arguments
 
 
 def _run(args) -> int:
@@ -25,13 +26,5 @@ def _run(args) -> int:
 
 def register(sub) -> None:
     p = sub.add_parser("sft", help="supervised fine-tuning on protocol transcripts (a cold start before RL)")
-    p.add_argument("--config", help="YAML config (the sft section, data, retrieval, rollout format); defaults "
-                                    "when omitted")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config value, e.g. --set sft.steps=40 (repeatable)")
-    p.add_argument("--out", required=True, help="run directory (transcripts, metrics, checkpoints)")
-    p.add_argument("--resume", action="store_true", help="continue from the run directory's latest checkpoint")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace an earlier run in --out (its metrics and checkpoints are deleted)")
-    p.add_argument("--json", action="store_true", help="print one JSON summary as the last line")
+    add_run_arguments(p, example="sft.steps=40")
     p.set_defaults(func=_run)

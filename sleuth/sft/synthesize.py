@@ -39,12 +39,20 @@ def _window(text: str, start: int, end: int) -> str:
     return text[lo:hi].replace("</information>", "").strip()
 
 
+def _word_patterns(words) -> list[re.Pattern]:
+    """Case-insensitive whole-word patterns of ``words`` (empty ones left out)."""
+    return [re.compile(r"(?<!\w)" + re.escape(w.strip()) + r"(?!\w)", re.IGNORECASE) for w in words if w.strip()]
+
+
+def _mentions(text: str, patterns: list[re.Pattern]) -> bool:
+    return any(p.search(text) for p in patterns)
+
+
 def _evidence(observation: str, golds: tuple[str, ...]) -> tuple[int, str, str] | None:
     """``(doc number, snippet, answer as written)`` of the first ``Doc i(Title: …) text`` line of the
     observation holding a gold answer as a whole word (case-insensitive; the text before the title),
     or None."""
-    patterns = [re.compile(r"(?<!\w)" + re.escape(g.strip()) + r"(?!\w)", re.IGNORECASE)
-                for g in golds if g.strip()]
+    patterns = _word_patterns(golds)
     for doc in re.split(r"(?=Doc \d+\()", observation):
         doc = re.split(r"\n|\\n", doc, maxsplit=1)[0]  # one passage a line (JSON tool results: an escaped \n)
         head = re.match(r"Doc (\d+)\((Title: .*?)\) ", doc) or re.match(r"Doc (\d+)\(()", doc)
@@ -72,14 +80,13 @@ def _bridge(deeper: list[Passage], observation: str, golds: tuple[str, ...]) -> 
     mentioned in the first observation (``Doc i``'s text), so the second hop follows what was read."""
     docs = {int(m.group(1)): m.group(2) for m in re.finditer(r"Doc (\d+)\((.*?)(?=Doc \d+\(|$)", observation,
                                                              re.DOTALL)}
+    answers = _word_patterns(golds)
     for p in deeper:
         title = p.title.strip()
-        if not title or _evidence(f"Doc 1(Title: x) {title}", golds) is not None:
+        if not title or _mentions(title, answers) or not _mentions(p.text, answers):
             continue
-        if _evidence(f"Doc 1(Title: x) {p.text}", golds) is None:
-            continue
-        named = re.compile(r"(?<!\w)" + re.escape(title) + r"(?!\w)", re.IGNORECASE)
-        doc = next((i for i, text in sorted(docs.items()) if named.search(text)), None)
+        named = _word_patterns([title])
+        doc = next((i for i, text in sorted(docs.items()) if _mentions(text, named)), None)
         if doc is not None:
             return title, doc
     return None
@@ -117,8 +124,8 @@ class _Writer:
         return t, ""
 
 
-def synthesize(questions: list[Question], retriever, fmt, render: ChatRenderer, cfg: Config,
-               log=print) -> tuple[list[Transcript], Counter]:
+def synthesize(questions: list[Question], retriever, fmt, render: ChatRenderer,
+               cfg: Config) -> tuple[list[Transcript], Counter]:
     """Transcripts for ``questions`` (see the module docstring) and the counts kept and dropped per
     reason."""
     if not (hasattr(fmt, "search_turn") and hasattr(fmt, "answer_turn")):
@@ -130,7 +137,7 @@ def synthesize(questions: list[Question], retriever, fmt, render: ChatRenderer, 
     counts["dropped: yes/no answer"] = len(questions) - len(asked)
     queries = [q.text.strip() for q in asked]
     first = _search(retriever, queries, k)
-    missed: list[tuple[Question, str, str]] = []  # (question, first search turn, its observation)
+    missed: list[tuple[Question, list, str]] = []  # (question, its turns so far, the first query)
     for q, query, passages in zip(asked, queries, first):
         obs = writer.observation(query, passages)
         if obs is None:

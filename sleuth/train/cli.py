@@ -33,14 +33,20 @@ def _run(args) -> int:
     return 0
 
 
-def register(sub) -> None:
-    p = sub.add_parser("train", help="train a search agent with RL (GRPO, PPO, REINFORCE++, RLOO)")
+def add_run_arguments(p, *, example: str) -> None:
+    """The flags every run command shares (``sleuth train``, ``sleuth sft``): --config, --set, --out,
+    --resume, --overwrite, --json; ``example`` is a --set shown in the help."""
     p.add_argument("--config", help="YAML config (see configs/); defaults when omitted")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config value, e.g. --set train.total_steps=10 (repeatable)")
+                   help=f"override a config value, e.g. --set {example} (repeatable)")
     p.add_argument("--out", required=True, help="run directory (metrics, samples, checkpoints)")
     p.add_argument("--resume", action="store_true", help="continue from the run directory's latest checkpoint")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an earlier run in --out (its metrics and checkpoints are deleted)")
     p.add_argument("--json", action="store_true", help="print one JSON summary as the last line")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("train", help="train a search agent with RL (GRPO, PPO, REINFORCE++, RLOO)")
+    add_run_arguments(p, example="train.total_steps=10")
     p.set_defaults(func=_run)
