@@ -22,7 +22,7 @@ It prints the two times, ``speedup`` (before / after), the two updates' losses a
 difference between the weights each update produced (against the largest change of a weight).
 
     python bench/train.py [--json] [--rows 64] [--repeats 3]
-    python bench/train.py --smollm2 [--json] [--rows 4] [--repeats 2] [--threads 2] [--layout search|dense]
+    python bench/train.py --smollm2 [--json] [--rows 4] [--repeats 2] [--threads 2] [--layout search|dense] [--bf16]
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sleuth.config import AlgoConfig  # noqa: E402
+from sleuth.models import compute_autocast  # noqa: E402
 from sleuth.train import forward  # noqa: E402
 from sleuth.train.forward import batched_logprobs, length_buckets, padding_share  # noqa: E402
 from sleuth.train.update import UpdateBatch, compute_advantages, policy_update  # noqa: E402
@@ -121,38 +122,50 @@ def smollm2_step(args) -> dict:
         kw["entropy_grad"] = True
         return real_token_logprobs(*a, **kw)
 
-    def run(before: bool) -> tuple[float, float, torch.nn.Module]:
+    ref_bf16 = copy.deepcopy(ref).to(torch.bfloat16) if args.bf16 else None
+
+    def run(variant: str) -> tuple[float, float, torch.nn.Module]:
+        before = variant == "before"
         m = copy.deepcopy(policy).train()
         opt = torch.optim.AdamW(m.parameters(), lr=1e-6)
         needed = None if before else mask
         t0 = time.perf_counter()
-        old = batched_logprobs(m, ids, att, micro_batch_size=mbs) if before else sampler
-        ref_lp = batched_logprobs(ref, ids, att, micro_batch_size=mbs, needed_BT=needed)
-        batch = UpdateBatch(ids, att, mask, adv, old, ref_logprobs_BT=ref_lp)
-        upd.token_logprobs = before_logprobs if before else real_token_logprobs
-        try:
-            loss = policy_update(m, opt, batch, algo, micro_batch_size=mbs, grad_clip=1.0)["algo/loss"]
-        finally:
-            upd.token_logprobs = real_token_logprobs
+        with compute_autocast("bfloat16" if variant == "after_bf16" else "float32", "cpu"):
+            old = batched_logprobs(m, ids, att, micro_batch_size=mbs) if before else sampler
+            ref_lp = batched_logprobs(ref_bf16 if variant == "after_bf16" else ref, ids, att, micro_batch_size=mbs,
+                                      needed_BT=needed)
+            batch = UpdateBatch(ids, att, mask, adv, old, ref_logprobs_BT=ref_lp)
+            upd.token_logprobs = before_logprobs if before else real_token_logprobs
+            try:
+                loss = policy_update(m, opt, batch, algo, micro_batch_size=mbs, grad_clip=1.0)["algo/loss"]
+            finally:
+                upd.token_logprobs = real_token_logprobs
         return time.perf_counter() - t0, loss, m
 
-    times: dict[bool, list[float]] = {True: [], False: []}
-    losses: dict[bool, float] = {}
-    models: dict[bool, torch.nn.Module] = {}
-    for _ in range(args.repeats):  # interleaved, so that a busy spell hits both
-        for before in (True, False):
-            seconds, losses[before], models[before] = run(before)
-            times[before].append(seconds)
-    t_before, t_after = min(times[True]), min(times[False])
-    moved = max(float((p - q).abs().max()) for p, q in zip(models[True].parameters(), policy.parameters()))
-    weight_diff = max(float((p - q).abs().max()) for p, q in
-                      zip(models[True].parameters(), models[False].parameters()))
-    return {"model": "SmolLM2-135M-Instruct (float32)", "rows": args.rows, "tokens_per_row": ids.shape[1],
-            "trained_tokens": int(mask.sum()), "threads": args.threads, "before_s": t_before, "after_s": t_after,
-            "before_all_s": times[True], "after_all_s": times[False], "speedup": t_before / t_after,
-            "loss_before": losses[True], "loss_after": losses[False],
-            "loss_abs_diff": abs(losses[True] - losses[False]), "max_weight_change": moved,
-            "max_weight_diff_before_after": weight_diff, "layout": args.layout}
+    variants = ["before", "after"] + (["after_bf16"] if args.bf16 else [])
+    times: dict[str, list[float]] = {v: [] for v in variants}
+    losses: dict[str, float] = {}
+    models: dict[str, torch.nn.Module] = {}
+    for _ in range(args.repeats):  # interleaved, so that a busy spell hits every variant
+        for v in variants:
+            seconds, losses[v], models[v] = run(v)
+            times[v].append(seconds)
+    t_before, t_after = min(times["before"]), min(times["after"])
+
+    def max_diff(a, b):
+        return max(float((p - q).abs().max()) for p, q in zip(a.parameters(), b.parameters()))
+
+    out = {"model": "SmolLM2-135M-Instruct (float32 weights)", "rows": args.rows, "tokens_per_row": ids.shape[1],
+           "trained_tokens": int(mask.sum()), "threads": args.threads, "before_s": t_before, "after_s": t_after,
+           "before_all_s": times["before"], "after_all_s": times["after"], "speedup": t_before / t_after,
+           "loss_before": losses["before"], "loss_after": losses["after"],
+           "loss_abs_diff": abs(losses["before"] - losses["after"]), "max_weight_change": max_diff(models["before"], policy),
+           "max_weight_diff_before_after": max_diff(models["before"], models["after"]), "layout": args.layout}
+    if args.bf16:
+        out.update({"after_bf16_s": min(times["after_bf16"]), "after_bf16_all_s": times["after_bf16"],
+                    "speedup_bf16": t_before / min(times["after_bf16"]),
+                    "max_weight_diff_before_after_bf16": max_diff(models["before"], models["after_bf16"])})
+    return out
 
 
 def main() -> int:
@@ -164,6 +177,9 @@ def main() -> int:
     ap.add_argument("--smollm2", action="store_true", help="SmolLM2's update before/after (see above)")
     ap.add_argument("--threads", type=int, default=2, help="torch threads for --smollm2")
     ap.add_argument("--layout", choices=sorted(LAYOUTS), default="search", help="row shape for --smollm2")
+    ap.add_argument("--bf16", action="store_true",
+                    help="--smollm2: also the 'after' update under bf16 autocast (float32 master weights, "
+                         "model.dtype=bfloat16), the reference held in bf16")
     args = ap.parse_args()
     if args.smollm2:
         args.rows, args.repeats = args.rows or 4, args.repeats or 2
