@@ -117,10 +117,12 @@ def assemble(prefixes: list[KV | None], lengths: list[int], capacity: int) -> KV
             groups.setdefault(id(kv), []).append(b)
     first = next(kv for kv in prefixes if kv is not None)
     out = []
-    for layer, (ref_HLD, _) in enumerate(first):
-        H, _, D = ref_HLD.shape
-        k_BHWD = ref_HLD.new_zeros((len(prefixes), H, capacity, D))
-        v_BHWD = ref_HLD.new_zeros((len(prefixes), H, capacity, D))
+    for layer, (k_ref_HLD, v_ref_HLD) in enumerate(first):
+        # keys and values each in their own dtype: under bf16 autocast with float32 weights the
+        # values come out of v_proj in bf16 while the keys leave the rotary embedding in float32
+        H, _, D = k_ref_HLD.shape
+        k_BHWD = k_ref_HLD.new_zeros((len(prefixes), H, capacity, D))
+        v_BHWD = v_ref_HLD.new_zeros((len(prefixes), H, capacity, v_ref_HLD.shape[-1]))
         for rows in groups.values():
             k_HLD, v_HLD = prefixes[rows[0]][layer]
             L = k_HLD.shape[1]

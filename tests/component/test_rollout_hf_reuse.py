@@ -143,6 +143,20 @@ def test_common_prompt_prefix_is_prefilled_once(tok, taught):
         assert torch.allclose(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-5)
 
 
+def test_shared_prefix_generation_runs_under_bf16_autocast(tok, taught):
+    """``model.dtype: bfloat16`` keeps float32 weights and generates under autocast: a common prompt
+    prefix (a GRPO group) is prefilled once and reused (it crashed on the cache's mixed dtypes);
+    greedy tokens agree with the run without reuse on these prompts."""
+    head = tok("The quick brown fox jumps over the lazy dog. " * 3)["input_ids"]
+    prompts = [head + tok(s)["input_ids"] for s in ("Who sang the song?", "Who sang the song?", "Rome")]
+    params = SamplingParams(max_new_tokens=8, greedy=True, stop=("</search>",))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fast = HFBackend(taught, tok).generate(prompts, params)
+        plain = HFBackend(taught, tok, reuse_prefix=False).generate(prompts, params)
+    assert [len(r.token_ids) for r in fast] == [len(r.token_ids) for r in plain]
+    assert all(r.token_ids for r in fast)
+
+
 def test_session_keeps_rows_only_inside_and_only_until_the_next_call(tok, taught):
     backend, params = HFBackend(taught, tok), SamplingParams(max_new_tokens=3, greedy=True)
     prompt = tok("Who sang the song?")["input_ids"]

@@ -44,6 +44,15 @@ def test_assemble_right_aligns_prefixes_and_writes_shared_ones_once():
     assert assemble([None, None], [0, 0], capacity=4) is None
 
 
+def test_assemble_keeps_keys_and_values_in_their_own_dtypes():
+    """Under bf16 autocast with float32 weights a layer's keys are float32 (after the rotary
+    embedding) and its values bf16: each buffer takes its own dtype (it used to take the keys')."""
+    prefix = [(torch.ones(1, 2, 2), torch.ones(1, 2, 2, dtype=torch.bfloat16))]
+    (k_BHWD, v_BHWD), = assemble([prefix, prefix, None], [2, 2, 0], capacity=4)  # fmt: skip
+    assert k_BHWD.dtype == torch.float32 and v_BHWD.dtype == torch.bfloat16
+    assert v_BHWD[:2, 0, :2].float().eq(1).all() and not v_BHWD[2].any()
+
+
 def test_slot_layer_equals_dynamic_layer():
     torch.manual_seed(0)
     slot, ref = SlotLayer(capacity=6), DynamicLayer()
