@@ -104,7 +104,12 @@ def _needed_logprobs(model, input_ids_BT, attention_mask_BT, positions_BT, neede
     """``token_logprobs`` at the columns of ``needed_BT`` only: logits at their positions ``t - 1``."""
     keep_BT = torch.zeros_like(needed_BT)
     keep_BT[:, :-1] = needed_BT[:, 1:]  # the logits at t - 1 score token t
-    logits_1NV = selected_logits(model, input_ids_BT, attention_mask_BT, positions_BT, keep_BT)[None]
+    empty = not bool(keep_BT.any())  # e.g. a micro-batch of rows left out of the loss (failed searches)
+    if empty:  # one position anyway, so the loss still has a graph (DDP ranks all run the backward)
+        keep_BT[0, 0] = True
+    logits_NV = selected_logits(model, input_ids_BT, attention_mask_BT, positions_BT, keep_BT)
+    anchor = 0.0 * logits_NV.float().sum() if empty else None  # zero, with a gradient path
+    logits_1NV = (logits_NV[:0] if empty else logits_NV)[None]
     tokens_1N = input_ids_BT[:, 1:][needed_BT[:, 1:]][None]
     lp_1N, ent_1N = logprobs_and_entropy(logits_1NV, tokens_1N, temperature=temperature,
                                          with_entropy=with_entropy and entropy_grad)
@@ -115,6 +120,9 @@ def _needed_logprobs(model, input_ids_BT, attention_mask_BT, positions_BT, neede
     zeros_Bt = torch.zeros(B, T - 1, dtype=lp_1N.dtype, device=lp_1N.device)
     lp_Bt = zeros_Bt.masked_scatter(needed_BT[:, 1:], lp_1N[0])  # [B, T-1], differentiable in lp_1N
     ent_Bt = zeros_Bt.masked_scatter(needed_BT[:, 1:], ent_1N[0]) if ent_1N is not None else None
+    if anchor is not None:
+        lp_Bt = lp_Bt + anchor
+        ent_Bt = ent_Bt + anchor if ent_Bt is not None else None
     return _with_first_column(lp_Bt, ent_Bt)
 
 

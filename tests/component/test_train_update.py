@@ -218,3 +218,10 @@ def test_output_layer_runs_only_at_needed_positions():
     bucketed = batched_logprobs(part_model, ids, att, micro_batch_size=3, temperature=0.7, needed_BT=loss_mask)
     torch.testing.assert_close(bucketed[keep], lp_a[keep].detach(), atol=1e-6, rtol=1e-6)
     assert not bucketed[~keep].any()
+    # nothing needed (a micro-batch of rows left out of the loss): zeros that still have a graph, so
+    # the masked loss backpropagates (zero gradients) as it did through the full forward
+    part_model.zero_grad()
+    lp_c, ent_c = token_logprobs(part_model, ids, att, with_entropy=True, needed_BT=torch.zeros_like(loss_mask))
+    assert lp_c.requires_grad and not lp_c.any() and not ent_c.any()
+    (lp_c.sum() + ent_c.sum()).backward()
+    assert all(p.grad is not None and not p.grad.any() for p in part_model.parameters())
