@@ -62,10 +62,13 @@ def step_indices(n: int, step: int, batch_size: int, seed: int) -> list[int]:
     """Transcripts of optimizer step ``step`` (1-based): the next ``batch_size`` of the epochs' orders
     laid end to end."""
     start = (step - 1) * batch_size
+    orders: dict[int, list[int]] = {}
     out = []
     for pos in range(start, start + batch_size):
         epoch, i = divmod(pos, n)
-        out.append(epoch_order(n, epoch, seed)[i])
+        if epoch not in orders:
+            orders[epoch] = epoch_order(n, epoch, seed)
+        out.append(orders[epoch][i])
     return out
 
 
