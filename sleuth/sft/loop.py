@@ -33,7 +33,7 @@ from sleuth.errors import UserError
 from sleuth.models import compute_autocast
 from sleuth.rollout.chat import ChatRenderer
 from sleuth.sft.synthesize import synthesize
-from sleuth.sft.transcripts import Transcript, encode, read_transcripts, write_transcripts
+from sleuth.sft.transcripts import Transcript, encode, load_transcripts, read_transcripts, write_transcripts
 from sleuth.train.checkpoint import latest_checkpoint
 from sleuth.train.distributed import init_distributed
 from sleuth.train.logging import MetricsLogger, truncate_logs
@@ -116,7 +116,7 @@ class SFTTrainer:
         """The run's transcripts: read back on resume, else built (and written) now."""
         cfg, path = self.cfg, self.out / TRANSCRIPTS
         if resume and path.is_file():
-            transcripts, _ = read_transcripts([str(path)])
+            transcripts = load_transcripts(path)  # as written: the same rows, so the same step order
             self.log(f"sft: {len(transcripts)} transcripts read back from {path}")
             return transcripts
         if cfg.sft.source == "trajectories":

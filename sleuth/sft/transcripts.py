@@ -68,18 +68,21 @@ def write_transcripts(path: Path, transcripts: list[Transcript]) -> None:
     write_text_atomic(path, "".join(json.dumps(t.record(), ensure_ascii=False) + "\n" for t in transcripts))
 
 
-def _parse(row, where: str) -> Transcript:
+def _parse(row, where: str) -> tuple[Transcript, bool]:
+    """The transcript of one JSONL row, and whether the sample log cut one of its segments (a row of
+    ``samples.jsonl``, which records ``n_tokens``, whose text stops at ``SAMPLE_TEXT_LIMIT``)."""
     if not isinstance(row, dict):
         raise ValueError("not a JSON object")
     missing = [k for k in ("question", "golden_answers", "segments") if k not in row]
     if missing:
         raise ValueError(f"lacks {', '.join(missing)}")
-    segments = []
+    segments, cut = [], False
     for n, seg in enumerate(row["segments"]):
         if not isinstance(seg, dict) or seg.get("kind") not in ("sampled", "injected") or not isinstance(
                 seg.get("text"), str):
             raise ValueError(f"segment {n} is not {{'kind': 'sampled' | 'injected', 'text': str}}")
         segments.append((seg["text"], seg["kind"] == "sampled"))
+        cut = cut or ("n_tokens" in seg and len(seg["text"]) >= SAMPLE_TEXT_LIMIT)
     if not any(trained for _, trained in segments):
         raise ValueError("has no sampled segment (nothing to train)")
     reward = row.get("reward")
@@ -87,40 +90,49 @@ def _parse(row, where: str) -> Transcript:
         raise ValueError(f"reward {reward!r} is not a number")
     q = Question(str(row.get("question_id") or where), str(row["question"]), row["golden_answers"],
                  str(row.get("data_source") or "unknown"))
-    return Transcript(q, segments, None if reward is None else float(reward))
+    return Transcript(q, segments, None if reward is None else float(reward)), cut
+
+
+def _rows(path: Path):
+    """``(transcript, cut)`` of every line of ``path``; a malformed line is an error naming file and line."""
+    if not path.is_file():
+        raise UserError(f"sft.files: {path} is not a file")
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{n}"
+            try:
+                yield _parse(json.loads(line), where)
+            except ValueError as e:  # JSONDecodeError too
+                raise UserError(f"{where}: not a transcript ({e}); see sleuth/sft/transcripts.py for the form")
+
+
+def load_transcripts(path: Path) -> list[Transcript]:
+    """Every transcript of a file ``write_transcripts`` wrote, as written (a run reads its own back)."""
+    return [t for t, _ in _rows(path)]
 
 
 def read_transcripts(files: list[str], min_reward: float | None = None) -> tuple[list[Transcript], Counter]:
     """Transcripts from JSONL files (a run's ``samples.jsonl`` or transcripts), the first occurrence of
-    each (question, segments) kept; ``min_reward`` keeps records whose reward reaches it. Returns them
-    and the counts kept and dropped per reason. A malformed line is an error naming file and line."""
+    each (question, segments) kept; ``min_reward`` keeps records whose reward reaches it; segments the
+    sample log cut are dropped. Returns them and the counts kept and dropped per reason."""
     if not files:
         raise UserError("sft.source=trajectories needs sft.files (a run's samples.jsonl or a JSONL of transcripts)")
     out, counts, seen = [], Counter(), set()
     for name in files:
-        path = Path(name)
-        if not path.is_file():
-            raise UserError(f"sft.files: {path} is not a file")
-        with open(path, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                where = f"{path}:{n}"
-                try:
-                    t = _parse(json.loads(line), where)
-                except ValueError as e:  # JSONDecodeError too
-                    raise UserError(f"{where}: not a transcript ({e}); see sleuth/sft/transcripts.py for the form")
-                if min_reward is not None and (t.reward is None or t.reward < min_reward):
-                    counts["dropped: no reward" if t.reward is None else f"dropped: reward < {min_reward:g}"] += 1
-                    continue
-                if any(len(text) >= SAMPLE_TEXT_LIMIT for text, _ in t.segments):
-                    counts[f"dropped: a segment cut at {SAMPLE_TEXT_LIMIT} characters in the log"] += 1
-                    continue
-                key = (t.question.text, tuple(t.segments))
-                if key in seen:
-                    counts["dropped: duplicate"] += 1
-                    continue
-                seen.add(key)
-                counts["kept"] += 1
-                out.append(t)
+        for t, cut in _rows(Path(name)):
+            if min_reward is not None and (t.reward is None or t.reward < min_reward):
+                counts["dropped: no reward" if t.reward is None else f"dropped: reward < {min_reward:g}"] += 1
+                continue
+            if cut:
+                counts[f"dropped: a segment cut at {SAMPLE_TEXT_LIMIT} characters in the log"] += 1
+                continue
+            key = (t.question.text, tuple(t.segments))
+            if key in seen:
+                counts["dropped: duplicate"] += 1
+                continue
+            seen.add(key)
+            counts["kept"] += 1
+            out.append(t)
     return out, counts

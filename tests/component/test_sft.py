@@ -18,7 +18,7 @@ from sleuth.rollout.formats import get_format
 from sleuth.rollout.loop import run_rollouts
 from sleuth.sft.loop import epoch_order, step_indices
 from sleuth.sft.synthesize import synthesize
-from sleuth.sft.transcripts import Transcript, encode, read_transcripts, write_transcripts
+from sleuth.sft.transcripts import Transcript, encode, load_transcripts, read_transcripts, write_transcripts
 from sleuth.train.logging import trajectory_record
 from sleuth.train.sft import supervised_step
 from sleuth.types import Passage, Question
@@ -123,9 +123,15 @@ def test_trajectories_source_filters_by_reward_and_reads_run_samples(tmp_path):
     assert encode(kept[0], render) == encode(transcripts[0], render)  # the rollout's tokens back
     kept, counts = read_transcripts([path])  # no threshold: the same transcript is still kept once
     assert len(kept) == 1 and counts == {"kept": 1, "dropped: duplicate": 3}
-    write_transcripts(tmp_path / "t.jsonl", transcripts)  # what sleuth sft writes reads back the same
-    back, _ = read_transcripts([str(tmp_path / "t.jsonl")])
-    assert [encode(t, render) for t in back] == [encode(t, render) for t in transcripts]
+    # what sleuth sft writes reads back as written (a resumed run needs the same rows, duplicates too)
+    write_transcripts(tmp_path / "t.jsonl", transcripts + transcripts[:1])
+    back = load_transcripts(tmp_path / "t.jsonl")
+    assert [encode(t, render) for t in back] == [encode(t, render) for t in transcripts + transcripts[:1]]
+    # only a sample log's row (segments with n_tokens) counts as cut at the log's limit
+    long = {"question": "q", "golden_answers": ["a"], "segments": [{"kind": "sampled", "text": "x" * 5000}]}
+    logged = {**long, "segments": [{**long["segments"][0], "n_tokens": 900}]}
+    kept, counts = read_transcripts([_write(tmp_path / "long.jsonl", [long, logged])])
+    assert len(kept) == 1 and counts["dropped: a segment cut at 4000 characters in the log"] == 1
 
 
 @pytest.mark.parametrize("row,message", [
