@@ -62,7 +62,7 @@ def make_batch(tok, rows: int, seed: int = 0):
     return ids, att, mask, lengths
 
 
-def unsorted_buckets(lengths, mbs):
+def unsorted_buckets(lengths, mbs, max_tokens=None):
     return [list(range(i, min(i + mbs, len(lengths)))) for i in range(0, len(lengths), mbs)]
 
 

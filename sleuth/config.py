@@ -194,7 +194,8 @@ class TrainConfig:
     total_steps: Annotated[Int, Field(ge=1)] = 100
     """RL steps (each: rollouts, then an update); the cosine schedule ends here."""
     questions_per_step: Annotated[Int, Field(ge=1)] = 8
-    """Q: questions per step (rows B = Q * G)."""
+    """Q: questions per step, over all ranks (rows B = Q * G; under torchrun each rank rolls out and trains Q / N
+    of them, whole groups)."""
     lr: Annotated[Float, Field(ge=0)] = 1e-6
     """AdamW learning rate of the policy (after warm-up, before decay)."""
     critic_lr: Annotated[Float, Field(ge=0)] = 1e-5
@@ -208,13 +209,23 @@ class TrainConfig:
     grad_clip: Annotated[Float, Field(ge=0)] = 1.0
     """Gradient norm clipped to this before each optimizer step; 0 disables."""
     micro_batch_size: Annotated[Int, Field(ge=1)] = 8
-    """Rows per forward/backward; gradients are accumulated over micro-batches."""
+    """Rows per forward/backward on each rank (Search-R1's global micro-batch of 64 on 8 GPUs is 8 here);
+    gradients are accumulated over micro-batches. Also caps the no-grad passes (old policy, reference, critic)."""
+    max_tokens_per_micro_batch: Annotated[Int | None, Field(ge=1)] = None
+    """Token budget of a micro-batch on each rank, padding included (rows x the longest row's length): rows,
+    longest first, join a micro-batch while it stays within both this and ``micro_batch_size``; a row longer than
+    the budget goes alone. Bounds the update's activation memory whatever the rows' lengths (verl's
+    ``ppo_max_token_len_per_gpu``). None: ``micro_batch_size`` rows alone."""
     mini_batches: Annotated[Int, Field(ge=1)] = 1
-    """Optimizer steps per rollout batch (PPO mini-batches)."""
+    """Optimizer steps per rollout batch (PPO mini-batches): each rank splits its rows into this many, so a
+    mini-batch holds B / mini_batches rows over all ranks."""
     epochs: Annotated[Int, Field(ge=1)] = 1
     """Passes over each rollout batch (PPO epochs)."""
     grad_checkpointing: Bool = False
-    """Recompute the policy's activations in the backward pass: less memory, slower."""
+    """Recompute the policy's (and the critic's) activations in the backward pass: less memory, slower."""
+    critic_warmup_steps: Annotated[Int, Field(ge=0)] = 0
+    """algo.advantage=gae: the first N steps train the critic only (the policy is not updated, its learning-rate
+    schedule does not move), so that the advantages start from a fitted baseline (Search-R1's PPO: 15)."""
     parallel: Literal["ddp", "fsdp"] = "ddp"
     """Data parallelism under ``torchrun`` (ignored in one process): ``ddp`` (a full replica per rank) or ``fsdp``
     (FSDP2: parameters, gradients and optimizer state sharded per decoder block, for models that do not fit one

@@ -230,7 +230,8 @@ def add_lora(model, *, rank: int, alpha: float, targets: list[str]):
 
 
 class ValueHead(torch.nn.Module):
-    """A critic: the policy's transformer body with a scalar head per token (PPO/GAE)."""
+    """A critic: the policy's transformer body with a scalar head per token (PPO/GAE). The body's LM
+    head is kept (checkpoints hold the whole model) but never run."""
 
     def __init__(self, body: torch.nn.Module, hidden_size: int):
         super().__init__()
@@ -252,9 +253,10 @@ class ValueHead(torch.nn.Module):
         advantage ``r - V`` goes to zero and nothing is learned.
         """
         positions_BT = (attention_mask_BT.long().cumsum(-1) - 1).clamp(min=0)  # right padding: 0..len-1
-        out = self.body(input_ids=input_ids_BT, attention_mask=attention_mask_BT, position_ids=positions_BT,
-                        output_hidden_states=True)
-        after_BT = self.head(out.hidden_states[-1]).squeeze(-1).float()  # [B, T] value after token t
+        # the decoder alone: its final hidden states, no LM logits (a [B, T, V] tensor the value ignores)
+        hidden_BTH = self.body.get_decoder()(input_ids=input_ids_BT, attention_mask=attention_mask_BT,
+                                             position_ids=positions_BT).last_hidden_state
+        after_BT = self.head(hidden_BTH).squeeze(-1).float()  # [B, T] value after token t
         return torch.nn.functional.pad(after_BT[:, :-1], (1, 0))  # [B, T] value before token t
 
 

@@ -111,7 +111,8 @@ def logprobs_and_entropy(
 def _entropy_chunk(z_BCV: torch.Tensor, lse_BC: torch.Tensor) -> torch.Tensor:
     """Entropy of softmax(z) per row: lse - <softmax(z), z>, the dot product without a product copy."""
     probs_BCV = torch.softmax(z_BCV, dim=-1)  # [B, C, V]
-    expected_z_BC = (probs_BCV.unsqueeze(-2) @ z_BCV.unsqueeze(-1)).squeeze(-1).squeeze(-1)  # [B, C]
+    with torch.autocast(z_BCV.device.type, enabled=False):  # in z's dtype (autocast would run it in bf16)
+        expected_z_BC = (probs_BCV.unsqueeze(-2) @ z_BCV.unsqueeze(-1)).squeeze(-1).squeeze(-1)  # [B, C]
     return lse_BC - expected_z_BC  # [B, C]
 
 

@@ -148,7 +148,8 @@ class SFTTrainer:
         self.state.model.train()
         with self.compute():
             out = supervised_step(self.state.model, self.state.optimizer, [self.rows[i] for i in idx], self.pad_id,
-                                  micro_batch_size=tc.micro_batch_size, grad_clip=tc.grad_clip)
+                                  micro_batch_size=tc.micro_batch_size,
+                                  max_tokens=tc.max_tokens_per_micro_batch, grad_clip=tc.grad_clip)
         self.state.scheduler.step()
         seconds = time.perf_counter() - t0
         return {"sft/loss": out["loss"], "sft/trained_tokens": out["tokens"], "sft/skipped_steps": out["skipped"],

@@ -9,7 +9,10 @@ The output layer only where a logprob is needed: given ``needed_BT`` (the loss m
 asked for the logits at positions ``t - 1`` of the needed columns only (transformers'
 ``logits_to_keep`` as a boolean [B, T] mask, through the model's own forward, so DDP, FSDP2 and
 peft wrappers see an ordinary call). The prompt, the ``<information>`` blocks and the padding cost
-no vocabulary projection, no log-softmax and no entropy; their columns hold 0.
+no vocabulary projection, no log-softmax and no entropy; their columns hold 0. For model families
+whose output layer is a plain linear map (``sleuth.train.chunked_head``), the output layer, the
+log-softmax and the entropy run chunk by chunk inside one autograd Function that recomputes them in
+backward, so a micro-batch's [N, V] logits are never held with their graph.
 """
 
 from __future__ import annotations
@@ -19,18 +22,32 @@ import functools
 import torch
 
 from sleuth.algo.logprobs import entropy_from_logits, logprobs_and_entropy
+from sleuth.train.chunked_head import scoring_head, supports_chunked_head
 
 
-def length_buckets(lengths_B: list[int], micro_batch_size: int) -> list[list[int]]:
+def length_buckets(lengths_B: list[int], micro_batch_size: int, max_tokens: int | None = None) -> list[list[int]]:
     """Row indices grouped into micro-batches of similar length (longest first).
 
     Sorting by length before cutting into micro-batches means each micro-batch is trimmed to its
-    own longest row, so short rows do not pay for the batch's longest one.
+    own longest row, so short rows do not pay for the batch's longest one. A micro-batch holds at
+    most ``micro_batch_size`` rows and, with ``max_tokens``, at most that many token slots (its
+    rows times its longest row, the first one); a row longer than ``max_tokens`` goes alone.
     """
     if micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+    if max_tokens is not None and max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1 (or None), got {max_tokens}")
     order = sorted(range(len(lengths_B)), key=lambda i: (-lengths_B[i], i))
-    return [order[i : i + micro_batch_size] for i in range(0, len(order), micro_batch_size)]
+    buckets: list[list[int]] = []
+    for i in order:
+        b = buckets[-1] if buckets else None
+        fits = b is not None and len(b) < micro_batch_size and (
+            max_tokens is None or (len(b) + 1) * lengths_B[b[0]] <= max_tokens)
+        if fits:
+            b.append(i)
+        else:
+            buckets.append([i])
+    return buckets
 
 
 def padding_share(lengths_B: list[int], buckets: list[list[int]]) -> float:
@@ -107,15 +124,24 @@ def _needed_logprobs(model, input_ids_BT, attention_mask_BT, positions_BT, neede
     empty = not bool(keep_BT.any())  # e.g. a micro-batch of rows left out of the loss (failed searches)
     if empty:  # one position anyway, so the loss still has a graph (DDP ranks all run the backward)
         keep_BT[0, 0] = True
-    logits_NV = selected_logits(model, input_ids_BT, attention_mask_BT, positions_BT, keep_BT)
-    anchor = 0.0 * logits_NV.float().sum() if empty else None  # zero, with a gradient path
-    logits_1NV = (logits_NV[:0] if empty else logits_NV)[None]
     tokens_1N = input_ids_BT[:, 1:][needed_BT[:, 1:]][None]
-    lp_1N, ent_1N = logprobs_and_entropy(logits_1NV, tokens_1N, temperature=temperature,
-                                         with_entropy=with_entropy and entropy_grad)
-    if with_entropy and not entropy_grad:
-        with torch.no_grad():
-            ent_1N = entropy_from_logits(logits_1NV, temperature=temperature)
+    if _keeps_masked_logits() and supports_chunked_head(model):  # never the [N, V] logits with their graph
+        scored_tokens_N = input_ids_BT[0, :1] if empty else tokens_1N[0]  # any valid id for the anchor
+        with scoring_head(model, scored_tokens_N, temperature=temperature, with_entropy=with_entropy):
+            scored_N2 = selected_logits(model, input_ids_BT, attention_mask_BT, positions_BT, keep_BT)
+        anchor = 0.0 * scored_N2.sum() if empty else None
+        scored_1N2 = (scored_N2[:0] if empty else scored_N2)[None]
+        lp_1N = scored_1N2[..., 0]
+        ent_1N = None if not with_entropy else scored_1N2[..., 1] if entropy_grad else scored_1N2[..., 1].detach()
+    else:
+        logits_NV = selected_logits(model, input_ids_BT, attention_mask_BT, positions_BT, keep_BT)
+        anchor = 0.0 * logits_NV.float().sum() if empty else None  # zero, with a gradient path
+        logits_1NV = (logits_NV[:0] if empty else logits_NV)[None]
+        lp_1N, ent_1N = logprobs_and_entropy(logits_1NV, tokens_1N, temperature=temperature,
+                                             with_entropy=with_entropy and entropy_grad)
+        if with_entropy and not entropy_grad:
+            with torch.no_grad():
+                ent_1N = entropy_from_logits(logits_1NV, temperature=temperature)
     B, T = input_ids_BT.shape
     zeros_Bt = torch.zeros(B, T - 1, dtype=lp_1N.dtype, device=lp_1N.device)
     lp_Bt = zeros_Bt.masked_scatter(needed_BT[:, 1:], lp_1N[0])  # [B, T-1], differentiable in lp_1N
@@ -142,15 +168,17 @@ def batched_logprobs(
     attention_mask_BT: torch.Tensor,
     *,
     micro_batch_size: int,
+    max_tokens: int | None = None,
     temperature: float = 1.0,
     needed_BT: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``token_logprobs`` over a whole batch in length buckets, without gradients; [B, T] on the
-    inputs' device. With ``needed_BT`` only those columns are computed (the rest hold 0)."""
+    """``token_logprobs`` over a whole batch in length buckets (``micro_batch_size`` rows and
+    ``max_tokens`` token slots at most), without gradients; [B, T] on the inputs' device. With
+    ``needed_BT`` only those columns are computed (the rest hold 0)."""
     lengths_B = attention_mask_BT.sum(-1).tolist()
     out_BT = torch.zeros(input_ids_BT.shape, dtype=torch.float32, device=input_ids_BT.device)
     device = next(model.parameters()).device
-    for rows in length_buckets(lengths_B, micro_batch_size):
+    for rows in length_buckets(lengths_B, micro_batch_size, max_tokens):
         L = max(lengths_B[i] for i in rows)
         idx = torch.tensor(rows, device=input_ids_BT.device)
         lp, _ = token_logprobs(
@@ -161,4 +189,20 @@ def batched_logprobs(
             needed_BT=None if needed_BT is None else needed_BT[idx, :L].to(device),
         )
         out_BT[idx, :L] = lp.float().to(out_BT.device)
+    return out_BT
+
+
+@torch.no_grad()
+def batched_values(critic, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor, *, micro_batch_size: int,
+                   max_tokens: int | None = None) -> torch.Tensor:
+    """The critic's values [B, T] (float32, on the inputs' device) in the same length buckets as the
+    policy's passes; columns past a row's length hold 0."""
+    lengths_B = attention_mask_BT.sum(-1).tolist()
+    out_BT = torch.zeros(input_ids_BT.shape, dtype=torch.float32, device=input_ids_BT.device)
+    device = next(critic.parameters()).device
+    for rows in length_buckets(lengths_B, micro_batch_size, max_tokens):
+        L = max(lengths_B[i] for i in rows)
+        idx = torch.tensor(rows, device=input_ids_BT.device)
+        values = critic(input_ids_BT[idx, :L].to(device), attention_mask_BT[idx, :L].to(device))
+        out_BT[idx, :L] = values.float().to(out_BT.device)
     return out_BT

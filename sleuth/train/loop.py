@@ -39,7 +39,7 @@ from sleuth.train import reduce
 from sleuth.train.checkpoint import latest_checkpoint
 from sleuth.train.distributed import init_distributed
 from sleuth.train.failed_searches import leave_out, retriever_down_error
-from sleuth.train.forward import batched_logprobs, length_buckets, padding_share
+from sleuth.train.forward import batched_logprobs, batched_values, length_buckets, padding_share
 from sleuth.train.logging import MetricsLogger, truncate_logs
 from sleuth.train.rundir import check_run_dir, warn_changed_settings, write_run_config
 from sleuth.train.sampler import CollapseWatch, QuestionSampler
@@ -143,7 +143,7 @@ class Trainer:
         questions = self.sampler.next(tc.questions_per_step)
         share = tc.questions_per_step // self.ctx.world_size
         mine = questions[self.ctx.rank * share : (self.ctx.rank + 1) * share]
-        mbs, temp = tc.micro_batch_size, max(cfg.rollout.temperature, 1e-6)
+        mbs, temp = (tc.micro_batch_size, tc.max_tokens_per_micro_batch), max(cfg.rollout.temperature, 1e-6)
         with par.gathered(self.policy):  # FSDP: full weights for generation and the no-grad forward
             trajs, metrics = self.rollout(mine, step=self.step)
             t_rollout = time.perf_counter() - t0
@@ -154,7 +154,8 @@ class Trainer:
             if self.sampler_logprobs_are_old():
                 old = rb.old_logprobs_BT.to(device)  # the same quantity: one no-grad forward saved
             else:
-                old = batched_logprobs(self.policy, ids, att, micro_batch_size=mbs, temperature=temp, needed_BT=mask)
+                old = batched_logprobs(self.policy, ids, att, micro_batch_size=mbs[0], max_tokens=mbs[1],
+                                       temperature=temp, needed_BT=mask)
         group_ids, mask = self._leave_out_failed_searches(trajs, rb.group_ids, mask, metrics)
         rewards = assign_rewards(trajs, self.reward_fn)  # each trajectory's reward, also kept in t.reward
         metrics.update(reward_metrics(trajs, rewards))
@@ -163,8 +164,8 @@ class Trainer:
         ref = self._ref_logprobs(ids, att, mask, mbs, temp) if self.state.use_ref else None
         values = returns = None
         if self.state.critic is not None:
-            with par.gathered(self.state.critic), torch.no_grad():
-                values = self.state.critic(ids, att).float()
+            with par.gathered(self.state.critic):
+                values = batched_values(self.state.critic, ids, att, micro_batch_size=mbs[0], max_tokens=mbs[1])
         scores = torch.tensor(rewards, dtype=torch.float32, device=device)
         adv, returns = compute_advantages(cfg.algo, scores, group_ids, mask, old_logprobs_BT=old,
                                           ref_logprobs_BT=ref, values_BT=values)
@@ -172,10 +173,11 @@ class Trainer:
                             ref_logprobs_BT=ref, returns_BT=returns, old_values_BT=values)
         self.policy.train()
         metrics.update(policy_update(
-            self.state.model, self.optimizer, batch, cfg.algo, micro_batch_size=mbs, mini_batches=tc.mini_batches,
+            self.state.model, self.optimizer, batch, cfg.algo, micro_batch_size=mbs[0], max_tokens=mbs[1],
+            mini_batches=tc.mini_batches,
             epochs=tc.epochs, grad_clip=tc.grad_clip, temperature=temp, scheduler=self.state.scheduler,
             seed=tc.seed * 1_000_003 + self.step, critic=self.state.critic_model, critic_optimizer=self.state.critic_opt,
-            norm_len=cfg.rollout.max_context_tokens,
+            norm_len=cfg.rollout.max_context_tokens, train_policy=self.step > tc.critic_warmup_steps,
         ))
         if self.vllm is not None:  # the next rollout samples from the updated weights
             t_sync = time.perf_counter()
@@ -184,7 +186,7 @@ class Trainer:
         lengths = rb.lengths_B.tolist()
         total = time.perf_counter() - t0
         metrics.update({
-            "perf/padding_share": padding_share(lengths, length_buckets(lengths, mbs)),
+            "perf/padding_share": padding_share(lengths, length_buckets(lengths, *mbs)),
             "perf/trained_token_share": float(mask.sum() / att.sum()),
             "perf/step_s": total,
             "perf/train_s": total - t_rollout,
@@ -218,10 +220,11 @@ class Trainer:
         without adapters."""
         if self.state.ref is not None:
             with par.gathered(self.state.ref):
-                return batched_logprobs(self.state.ref, ids, att, micro_batch_size=mbs, temperature=temp,
-                                        needed_BT=mask)
+                return batched_logprobs(self.state.ref, ids, att, micro_batch_size=mbs[0], max_tokens=mbs[1],
+                                        temperature=temp, needed_BT=mask)
         with self.policy.disable_adapter():
-            return batched_logprobs(self.policy, ids, att, micro_batch_size=mbs, temperature=temp, needed_BT=mask)
+            return batched_logprobs(self.policy, ids, att, micro_batch_size=mbs[0], max_tokens=mbs[1],
+                                    temperature=temp, needed_BT=mask)
 
     def evaluate(self, *, no_search: bool = False) -> dict:
         """Greedy, one sample per question, the same rollout code (``sleuth.eval.evaluate``);

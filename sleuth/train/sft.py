@@ -66,15 +66,17 @@ def lm_loss(model, input_ids_BT, labels_BT, mask_BT, denominator: float | None =
 
 
 def supervised_step(model, optimizer, rows: list[tuple[list[int], list[int]]], pad_id: int, *,
-                    micro_batch_size: int | None = None, grad_clip: float | None = 1.0) -> dict[str, float]:
+                    micro_batch_size: int | None = None, max_tokens: int | None = None,
+                    grad_clip: float | None = 1.0) -> dict[str, float]:
     """One optimizer step on ``rows``: the mean loss over their labelled tokens, accumulated over
-    length-bucketed micro-batches of ``micro_batch_size`` rows (None: one batch); gradients clipped
+    length-bucketed micro-batches of ``micro_batch_size`` rows and ``max_tokens`` token slots (None: one
+    batch); gradients clipped
     to ``grad_clip``. Returns ``loss``, ``grad_norm``, ``tokens`` (labelled) and ``skipped`` (1 when
     the loss or gradient was not finite: no step taken)."""
     if micro_batch_size is None:
         buckets = [list(range(len(rows)))]
     else:
-        buckets = length_buckets([len(ids) for ids, _ in rows], micro_batch_size)
+        buckets = length_buckets([len(ids) for ids, _ in rows], micro_batch_size, max_tokens)
     tokens = sum(sum(1 for y in labels[1:] if y != -100) for _, labels in rows)
     loss_sum = 0.0
     for bucket in buckets:

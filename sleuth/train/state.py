@@ -107,6 +107,8 @@ def build_state(cfg: Config, ctx: DistContext, sharded: bool) -> TrainState:
     critic = critic_model = critic_opt = None
     if cfg.algo.advantage == "gae":
         critic = make_critic(mc.name_or_path, dtype="float32", device=device, gguf_file=mc.gguf_file)
+        if tc.grad_checkpointing:
+            critic.body.gradient_checkpointing_enable()
         critic_model = par.wrap_for_update(critic, **wrap)
         critic_opt = torch.optim.AdamW(critic.parameters(), lr=tc.critic_lr, weight_decay=tc.weight_decay)
     if sharded and ref is not None:

@@ -169,6 +169,7 @@ def policy_update(
     algo: AlgoConfig,
     *,
     micro_batch_size: int,
+    max_tokens: int | None = None,
     mini_batches: int = 1,
     epochs: int = 1,
     grad_clip: float | None = 1.0,
@@ -178,9 +179,15 @@ def policy_update(
     seed: int = 0,
     critic=None,
     critic_optimizer: torch.optim.Optimizer | None = None,
+    train_policy: bool = True,
 ) -> dict[str, float]:
-    """Optimise ``policy`` (and ``critic``) on ``batch``; returns averaged ``algo/`` metrics."""
+    """Optimise ``policy`` (and ``critic``) on ``batch``; returns averaged ``algo/`` metrics. Micro-batches
+    hold at most ``micro_batch_size`` rows and ``max_tokens`` token slots (``length_buckets``).
+    ``train_policy=False`` (the critic's warm-up): the critic alone is trained; the policy runs no
+    forward, its optimizer and scheduler do not step."""
     B = batch.input_ids_BT.shape[0]
+    if not train_policy and critic is None:
+        raise ValueError("train_policy=False (critic warm-up) needs a critic (algo.advantage=gae)")
     if mini_batches < 1 or mini_batches > B:
         raise ValueError(f"train.mini_batches must be in [1, {B}] for a batch of {B} rows, got {mini_batches}")
     world, _ = world_info()
@@ -203,10 +210,13 @@ def policy_update(
             if critic_optimizer is not None:
                 critic_optimizer.zero_grad(set_to_none=True)
             finite, mb_loss, mb_value_loss = True, 0.0, 0.0
-            for local in length_buckets([lengths[i] for i in mb_rows], micro_batch_size):
+            for local in length_buckets([lengths[i] for i in mb_rows], micro_batch_size, max_tokens):
                 rows = [mb_rows[i] for i in local]
-                loss, metrics, n_tokens = _micro_loss(policy, batch, rows, algo, max(denom, 1.0), temperature,
-                                                      norm_len)
+                if train_policy:
+                    loss, metrics, n_tokens = _micro_loss(policy, batch, rows, algo, max(denom, 1.0), temperature,
+                                                          norm_len)
+                else:
+                    loss, metrics, n_tokens = torch.zeros((), device=device), {}, 0
                 if critic is not None:
                     loss = loss + _critic_loss(critic, batch, rows, algo, max(denom, 1.0), norm_len, metrics)
                     mb_value_loss += metrics.pop("algo/value_loss")  # shares of the mini-batch's: they add up
@@ -226,7 +236,8 @@ def policy_update(
             value_losses.append(mb_value_loss)
             finite = all_ranks_true(finite, device)
             params = [p for p in policy.parameters() if p.grad is not None]
-            norm = torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip else float("inf"))
+            norm = (torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip else float("inf")) if train_policy
+                    else torch.zeros(()))
             if critic is not None:
                 torch.nn.utils.clip_grad_norm_(critic.parameters(), grad_clip if grad_clip else float("inf"))
             if not finite or not math.isfinite(float(norm)):
@@ -234,11 +245,12 @@ def policy_update(
                 optimizer.zero_grad(set_to_none=True)
                 continue
             grad_norms.append(float(norm))
-            optimizer.step()
+            if train_policy:
+                optimizer.step()
             if critic_optimizer is not None:
                 critic_optimizer.step()
             steps += 1
-    if scheduler is not None:
+    if scheduler is not None and train_policy:
         scheduler.step()
     out = {k: v / max(n_stats, 1) for k, v in sums.items()}
     out.update(_combine_token_metrics(token_sums, tokens, maxima, device))
@@ -247,6 +259,8 @@ def policy_update(
         out["algo/value_loss"] = sum(value_losses) / len(value_losses) if value_losses else float("nan")
     out["algo/grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
     out["algo/optimizer_steps"] = steps
+    if critic is not None:
+        out["algo/critic_warmup"] = float(not train_policy)  # 1: a critic-only step
     out["algo/skipped_steps"] = skipped
     out["algo/lr"] = lr
     return out

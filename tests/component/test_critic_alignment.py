@@ -82,3 +82,55 @@ def test_one_step_bandit_keeps_its_advantage_after_the_critic_fits():
     # the loss the critic was trained on is the squared error at the action column
     loss, _ = value_loss(values, values, returns, mask, clip=1e9)
     assert abs(float(loss) - 0.5 * 0.24) < 0.02  # 0.5 * Var(r) = 0.5 * 0.6 * 0.4
+
+
+def test_the_critic_runs_no_lm_head_and_its_micro_batches_equal_one_batch():
+    """The value head reads the decoder's hidden states: the LM head (a [B, T, V] projection the
+    value ignores) never runs; values in length buckets (micro_batch_size, token budget) equal one
+    forward over the padded batch."""
+    from sleuth.train.forward import batched_values
+
+    _, critic = _critic(seed=1)
+    calls = []
+    critic.body.get_output_embeddings().register_forward_hook(lambda *a: calls.append(1))
+    ids = torch.tensor([[5, 17, 23, 41, 9, 30], [5, 8, 9, 0, 0, 0], [7, 7, 12, 13, 0, 0]])
+    att = (torch.arange(6)[None] < torch.tensor([[6], [3], [4]])).long()
+    with torch.no_grad():
+        whole = critic(ids, att)
+    assert not calls
+    for mbs, budget in ((1, None), (2, None), (8, 8)):
+        got = batched_values(critic, ids, att, micro_batch_size=mbs, max_tokens=budget)
+        torch.testing.assert_close(got * att, whole * att, atol=1e-6, rtol=1e-6)
+
+
+def test_critic_warmup_updates_the_critic_alone():
+    """``train_policy=False`` (train.critic_warmup_steps): the critic moves, the policy's weights,
+    optimizer state and learning-rate schedule do not."""
+    from sleuth.train.update import policy_update
+
+    tok, critic = _critic(seed=2)
+    policy = tiny_model(tok, seed=4, hidden=32, layers=1).train()
+    ids = torch.tensor([[5, 17, 12, 9]] * 4)
+    att, mask = torch.ones_like(ids), torch.tensor([[0, 0, 1, 1]] * 4)
+    with torch.no_grad():
+        old_v = critic(ids, att)
+    scores = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    _, returns = gae_advantages(token_rewards(scores, mask), old_v, mask)
+    batch = UpdateBatch(ids, att, mask, torch.ones(ids.shape), torch.full(ids.shape, -1.0), returns_BT=returns,
+                        old_values_BT=old_v)
+    algo = AlgoConfig(advantage="gae", kl_coef=0.0, kl_mode="none")
+    opt, c_opt = torch.optim.AdamW(policy.parameters(), lr=1e-2), torch.optim.AdamW(critic.parameters(), lr=1e-2)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 / (1 + step))
+    before_p = [p.detach().clone() for p in policy.parameters()]
+    before_c = [p.detach().clone() for p in critic.parameters()]
+    metrics = policy_update(policy, opt, batch, algo, micro_batch_size=2, critic=critic, critic_optimizer=c_opt,
+                            scheduler=sched, train_policy=False)
+    assert all(torch.equal(a, b) for a, b in zip(before_p, policy.parameters()))
+    assert not opt.state and sched.last_epoch == 0 and opt.param_groups[0]["lr"] == 1e-2
+    assert any(not torch.equal(a, b) for a, b in zip(before_c, critic.parameters()))
+    assert metrics["algo/value_loss"] > 0
+    policy_update(policy, opt, batch, algo, micro_batch_size=2, critic=critic, critic_optimizer=c_opt,
+                  scheduler=sched, train_policy=True)  # after the warm-up both move
+    assert any(not torch.equal(a, b) for a, b in zip(before_p, policy.parameters())) and sched.last_epoch == 1
+    with pytest.raises(ValueError, match="critic"):
+        policy_update(policy, opt, batch, algo, micro_batch_size=2, train_policy=False)

@@ -73,10 +73,10 @@ def test_update_matches_reference_and_is_micro_batch_invariant():
             p -= 0.1 * p.grad
 
     results = []
-    for mbs in (1, 3, 4):
+    for mbs, max_tokens in ((1, None), (3, None), (4, None), (4, 20), (4, 1)):  # token budgets: 3 and 4 buckets
         pol = copy.deepcopy(base)
         opt = torch.optim.SGD(pol.parameters(), lr=0.1)
-        metrics = policy_update(pol, opt, batch, algo, micro_batch_size=mbs, grad_clip=None)
+        metrics = policy_update(pol, opt, batch, algo, micro_batch_size=mbs, max_tokens=max_tokens, grad_clip=None)
         results.append((pol, metrics))
         assert metrics["algo/optimizer_steps"] == 1 and metrics["algo/skipped_steps"] == 0
     # the loss reported is the reference loss, whatever the micro-batch size
@@ -137,6 +137,22 @@ def test_length_buckets_and_padding_share():
     assert abs(padding_share(lengths, buckets) - 4 / 38) < 1e-12
     # one unsorted batch would compute 4*12 = 48 slots
     assert abs(padding_share(lengths, [[0, 1, 2, 3]]) - 14 / 48) < 1e-12
+
+
+def test_a_token_budget_bounds_each_micro_batch():
+    lengths = [9, 6, 12, 7, 3, 3]
+    # longest first (12, 9, 7, 6, 3, 3); a bucket's rows x its first (longest) row stay <= 20:
+    # 12 | 9+7 (2*9 = 18; a third row: 27) | 6+3+3 (3*6 = 18)
+    assert length_buckets(lengths, 8, max_tokens=20) == [[2], [0, 3], [1, 4, 5]]
+    assert length_buckets(lengths, 2, max_tokens=20) == [[2], [0, 3], [1, 4], [5]]  # the row cap still holds
+    assert length_buckets(lengths, 8, max_tokens=5) == [[2], [0], [3], [1], [4], [5]]  # too long rows go alone
+    assert length_buckets(lengths, 8, max_tokens=None) == [[2, 0, 3, 1, 4, 5]]
+    for budget in (1, 7, 13, 24, 100):
+        buckets = length_buckets(lengths, 8, max_tokens=budget)
+        assert sorted(i for b in buckets for i in b) == list(range(6))  # every row once
+        assert all(len(b) == 1 or len(b) * max(lengths[i] for i in b) <= budget for b in buckets)
+    with pytest.raises(ValueError, match="max_tokens"):
+        length_buckets(lengths, 8, max_tokens=0)
 
 
 def test_grpo_advantages_glue_and_kl_reward_mode():
@@ -225,3 +241,58 @@ def test_output_layer_runs_only_at_needed_positions():
     assert lp_c.requires_grad and not lp_c.any() and not ent_c.any()
     (lp_c.sum() + ent_c.sum()).backward()
     assert all(p.grad is not None and not p.grad.any() for p in part_model.parameters())
+
+
+def _saved_shapes(fn):
+    shapes = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: shapes.append(tuple(t.shape)) or t, lambda t: t):
+        out = fn()
+    return out, shapes
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_chunked_output_layer_equals_the_logits_path_and_saves_no_logits(monkeypatch, dtype):
+    """A Llama takes the chunked output layer (sleuth.train.chunked_head): the same logprobs,
+    entropies and gradients as computing the [N, V] logits (the path other model families take),
+    and no [N, V] tensor is saved for the backward pass; under bf16 autocast too."""
+    import sleuth.train.forward as fwd
+    from sleuth.models import compute_autocast
+
+    tok = tiny_tokenizer()
+    ids, att, loss_mask = _batch(tok)
+    N, V = int(loss_mask.sum()), len(tok)
+    models = {"chunked": tiny_model(tok, seed=1).train(), "logits": tiny_model(tok, seed=1).train()}
+    results = {}
+    for name, model in models.items():
+        monkeypatch.setattr(fwd, "supports_chunked_head", lambda m, on=name == "chunked": on)
+        with compute_autocast(dtype, "cpu"):
+            (lp, ent), shapes = _saved_shapes(lambda: token_logprobs(
+                model, ids, att, temperature=0.7, with_entropy=True, needed_BT=loss_mask))
+        weights = torch.randn(ids.shape, generator=torch.Generator().manual_seed(3))
+        ((lp * weights).sum() + ent.sum()).backward()
+        results[name] = (lp.detach(), ent.detach(), shapes)
+    def logits_saved(shapes):  # a saved tensor shaped like the [N, V] logits (any view of them)
+        return any(N in s and V in s for s in shapes)
+
+    assert not logits_saved(results["chunked"][2]) and logits_saved(results["logits"][2])
+    tol = dict(atol=1e-6, rtol=1e-6) if dtype == "float32" else dict(atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(results["chunked"][0], results["logits"][0], **tol)
+    torch.testing.assert_close(results["chunked"][1], results["logits"][1], **tol)
+    for (name, p_a), p_b in zip(models["logits"].named_parameters(), models["chunked"].parameters()):
+        if dtype == "float32":
+            torch.testing.assert_close(p_b.grad, p_a.grad, atol=1e-5, rtol=1e-4, msg=name)
+        else:  # bf16 rounding of the same computation
+            assert float((p_b.grad - p_a.grad).norm()) <= 0.05 * float(p_a.grad.norm()) + 1e-6, name
+
+
+def test_only_plain_linear_heads_of_known_families_take_the_chunked_path():
+    from sleuth.train.chunked_head import supports_chunked_head
+
+    tok = tiny_tokenizer()
+    model = tiny_model(tok, seed=1)
+    assert supports_chunked_head(model)
+    model.config.model_type = "gemma2"  # soft-caps its logits after the output layer
+    assert not supports_chunked_head(model)
+    model.config.model_type = "llama"
+    model.lm_head = torch.nn.Sequential(model.lm_head)  # e.g. an adapter around the output layer
+    assert not supports_chunked_head(model)

@@ -117,11 +117,15 @@ def test_other_estimators_train(world, tmp_path, advantage):
     extra = [f"algo.advantage={advantage}", "train.eval_limit=1", "train.tensorboard=true"]
     if advantage != "rloo":
         extra += ["algo.kl_mode=reward", "algo.kl_estimator=k1"]
-    assert main(_args(world, out, 1, extra)) == 0
-    (row,) = _metrics(out)
-    assert row["algo/optimizer_steps"] == 1 and torch.isfinite(torch.tensor(row["algo/loss"]))
     if advantage == "gae":
-        assert "algo/value_loss" in row and (out / "checkpoints" / "step_000001" / "critic.pt").exists()
+        extra += ["train.critic_warmup_steps=1"]
+    assert main(_args(world, out, 2, extra)) == 0
+    rows = _metrics(out)
+    assert [r["algo/optimizer_steps"] for r in rows] == [1, 1] and torch.isfinite(torch.tensor(rows[-1]["algo/loss"]))
+    if advantage == "gae":  # step 1 trains the critic alone, step 2 both
+        assert [r["algo/critic_warmup"] for r in rows] == [1.0, 0.0]
+        assert all("algo/value_loss" in r for r in rows)
+        assert (out / "checkpoints" / "step_000002" / "critic.pt").exists()
     assert any((out / "tensorboard").iterdir())
 
 
