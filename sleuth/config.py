@@ -125,6 +125,10 @@ class RolloutConfig:
     """Tokens of one rendered observation (passages truncated, closing tag kept)."""
     max_context_tokens: Annotated[Int, Field(ge=1)] = 4096
     """Total tokens of prompt + response; the prompt is never cut, the trajectory stops instead."""
+    max_concurrent_rows: Annotated[Int | None, Field(ge=1)] = None
+    """At most this many rows generate at once on each rank (with the HF backend: hold a KV cache at once); the
+    rows go through the multi-turn loop in shares of this size (None: all rows of the step at once). Bounds
+    generation memory: KV bytes = rows x context tokens x 2 x layers x kv_heads x head_dim x dtype bytes."""
     max_invalid: Annotated[Int, Field(ge=0)] = 2
     """Invalid turns tolerated (each answered with the corrective message) before stopping."""
     temperature: Annotated[Float, Field(ge=0)] = 1.0

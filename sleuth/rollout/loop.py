@@ -20,7 +20,10 @@ Read top to bottom, ``run_rollouts`` is the algorithm:
    and one final round in which a search is not executed: search or invalid there -> ``max_turns``.
 
 The whole loop runs inside ``backend.session()`` when the backend has one: the HF backend then
-keeps each row's keys/values from one round to the next and prefills only the new tokens.
+keeps each row's keys/values from one round to the next and prefills only the new tokens. With
+``rollout.max_concurrent_rows`` the rows go through the loop in shares of at most that many (the
+first share's rounds to the end, then the next), so no more rows than that generate, or keep a KV
+cache, at once; a row's tokens do not depend on its share (per-row seeds).
 
 Seeds: a row's seed is ``derive_seed(seed, step, question.id, sample_index)`` and each turn draws
 with ``derive_seed(row_seed, turn)``, so the same (seed, step) replays the same trajectories.
@@ -113,13 +116,17 @@ def run_rollouts(
     for row in rows:
         if cfg.max_turns <= 0:
             _enter_final_round(row, render, cfg)
-    with _session(backend):
-        while active := [r for r in rows if not r.done]:
-            stats.rounds += 1
-            _generate_round(active, backend, params, render, tokenizer, fmt, cfg, stats)
-            searching = [r for r in active if r.pending and not r.done]
-            if searching:
-                _retrieve_round(searching, retriever, k, render, fmt, cfg, stats)
+    cap = cfg.max_concurrent_rows or len(rows)  # rows generating at once (their KV cache), one share at a time
+    for start in range(0, len(rows), cap):
+        share, rounds = rows[start : start + cap], 0
+        with _session(backend):
+            while active := [r for r in share if not r.done]:
+                rounds += 1
+                _generate_round(active, backend, params, render, tokenizer, fmt, cfg, stats)
+                searching = [r for r in active if r.pending and not r.done]
+                if searching:
+                    _retrieve_round(searching, retriever, k, render, fmt, cfg, stats)
+        stats.rounds = max(stats.rounds, rounds)
     return [r.traj for r in rows], rollout_metrics([r.traj for r in rows], stats, time.perf_counter() - t_start)
 
 

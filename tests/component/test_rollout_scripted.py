@@ -257,3 +257,27 @@ def test_search_r1_transcript_is_split_at_the_stop_tags(tok, fmt):
     assert t.queries == ["who sang you got a friend in me"] and t.passage_ids == [["s1"]]
     assert t.answer == "Randy Newman" == fmt.extract_answer(t.response_text)
     assert "hallucinated" not in t.response_text and t.stop_reason is StopReason.ANSWERED
+
+
+def test_max_concurrent_rows_goes_through_the_loop_in_shares(tok, fmt):
+    """rollout.max_concurrent_rows=3 over 2 questions x 2 samples + a third question's 2 (6 rows):
+    no generate call sees more than 3 rows, the first share's rounds finish before the next share
+    starts, and the trajectories are those of the unbounded run."""
+    q3 = Question("nq/3", "Where is the zoo", ("Berlin",))
+
+    def script(context, turn):  # Q2's rows answer at once, the others search first
+        return ANSWER if "Italy" in context or turn > 0 else SEARCH
+
+    runs = {}
+    for cap in (None, 3, 1):
+        backend = ScriptedBackend(tok, script)
+        trajs, metrics = run_rollouts([Q1, Q2, q3], backend, tok, fmt, InMemoryRetriever([PARIS, ROME, ZOO]),
+                                      cfg(group_size=2, max_concurrent_rows=cap), k=2)
+        runs[cap] = ([t.token_ids for t in trajs], [t.loss_mask for t in trajs], backend.calls, metrics)
+    assert runs[None][2] == [6, 4]  # one round of 6 rows, then the 4 searching rows
+    assert runs[3][2] == [3, 2, 3, 2]  # rows 0-2 (Q1, Q1, Q2): 3 then the 2 searchers; rows 3-5 likewise
+    assert runs[1][2] == [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]
+    for cap in (3, 1):
+        assert runs[cap][0] == runs[None][0] and runs[cap][1] == runs[None][1]
+        assert runs[cap][3]["rollout/rounds"] == runs[None][3]["rollout/rounds"] == 2
+        assert runs[cap][3]["rollout/queries"] == runs[None][3]["rollout/queries"] == 4
