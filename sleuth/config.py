@@ -227,6 +227,9 @@ class TrainConfig:
     """Passes over each rollout batch (PPO epochs)."""
     grad_checkpointing: Bool = False
     """Recompute the policy's (and the critic's) activations in the backward pass: less memory, slower."""
+    memory_check: Bool = True
+    """Before loading weights, print the memory plan (expected peak per rank; ``sleuth train --plan``) and refuse a
+    config whose peak does not fit the device; false: print it and run anyway."""
     critic_warmup_steps: Annotated[Int, Field(ge=0)] = 0
     """algo.advantage=gae: the first N steps train the critic only (the policy is not updated, its learning-rate
     schedule does not move), so that the advantages start from a fitted baseline (Search-R1's PPO: 15)."""

