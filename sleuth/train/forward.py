@@ -175,21 +175,13 @@ def batched_logprobs(
     """``token_logprobs`` over a whole batch in length buckets (``micro_batch_size`` rows and
     ``max_tokens`` token slots at most), without gradients; [B, T] on the inputs' device. With
     ``needed_BT`` only those columns are computed (the rest hold 0)."""
-    lengths_B = attention_mask_BT.sum(-1).tolist()
-    out_BT = torch.zeros(input_ids_BT.shape, dtype=torch.float32, device=input_ids_BT.device)
-    device = next(model.parameters()).device
-    for rows in length_buckets(lengths_B, micro_batch_size, max_tokens):
-        L = max(lengths_B[i] for i in rows)
-        idx = torch.tensor(rows, device=input_ids_BT.device)
-        lp, _ = token_logprobs(
-            model,
-            input_ids_BT[idx, :L].to(device),
-            attention_mask_BT[idx, :L].to(device),
-            temperature=temperature,
-            needed_BT=None if needed_BT is None else needed_BT[idx, :L].to(device),
-        )
-        out_BT[idx, :L] = lp.float().to(out_BT.device)
-    return out_BT
+
+    def run(take):
+        needed = None if needed_BT is None else take(needed_BT)
+        return token_logprobs(model, take(input_ids_BT), take(attention_mask_BT), temperature=temperature,
+                              needed_BT=needed)[0]
+
+    return _over_buckets(run, model, attention_mask_BT, micro_batch_size, max_tokens)
 
 
 @torch.no_grad()
@@ -197,12 +189,18 @@ def batched_values(critic, input_ids_BT: torch.Tensor, attention_mask_BT: torch.
                    max_tokens: int | None = None) -> torch.Tensor:
     """The critic's values [B, T] (float32, on the inputs' device) in the same length buckets as the
     policy's passes; columns past a row's length hold 0."""
+    return _over_buckets(lambda take: critic(take(input_ids_BT), take(attention_mask_BT)), critic, attention_mask_BT,
+                         micro_batch_size, max_tokens)
+
+
+def _over_buckets(run, model, attention_mask_BT, micro_batch_size: int, max_tokens: int | None) -> torch.Tensor:
+    """[B, T] float32 on the inputs' device: ``run(take)`` per length bucket, where ``take(t_BT)``
+    gives the bucket's rows of ``t_BT`` trimmed to their longest row, on the model's device."""
     lengths_B = attention_mask_BT.sum(-1).tolist()
-    out_BT = torch.zeros(input_ids_BT.shape, dtype=torch.float32, device=input_ids_BT.device)
-    device = next(critic.parameters()).device
+    out_BT = torch.zeros(attention_mask_BT.shape, dtype=torch.float32, device=attention_mask_BT.device)
+    device = next(model.parameters()).device
     for rows in length_buckets(lengths_B, micro_batch_size, max_tokens):
         L = max(lengths_B[i] for i in rows)
-        idx = torch.tensor(rows, device=input_ids_BT.device)
-        values = critic(input_ids_BT[idx, :L].to(device), attention_mask_BT[idx, :L].to(device))
-        out_BT[idx, :L] = values.float().to(out_BT.device)
+        idx = torch.tensor(rows, device=attention_mask_BT.device)
+        out_BT[idx, :L] = run(lambda t_BT: t_BT[idx, :L].to(device)).float().to(out_BT.device)
     return out_BT
