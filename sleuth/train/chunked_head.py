@@ -177,8 +177,13 @@ def scoring_head(model, tokens_N: torch.Tensor, *, temperature: float, with_entr
                                             with_entropy=with_entropy, chunk=chunk)
         return torch.stack([lp_N, ent_N], dim=-1)  # [N, 2]
 
+    had_own = "forward" in vars(head)  # a forward set on the instance (e.g. by a hook library) is put back
+    previous = vars(head).get("forward")
     head.forward = forward
     try:
         yield
     finally:
-        del head.forward
+        if had_own:
+            head.forward = previous
+        else:
+            del head.forward

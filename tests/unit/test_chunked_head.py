@@ -97,3 +97,27 @@ def test_bad_shapes_and_temperature_are_named():
     with pytest.raises(ValueError, match="temperature"):
         chunked_head_logprobs(h, W, b, tokens, temperature=0.0)
     assert chunk_positions(49152) == 170 and chunk_positions(10**9) == 1
+
+
+def test_scoring_head_swaps_the_output_layer_for_one_call_and_puts_back_what_was_there():
+    from sleuth.train.chunked_head import scoring_head
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lm_head = torch.nn.Linear(4, 7, bias=False)
+
+        def get_output_embeddings(self):
+            return self.lm_head
+
+    model, h = Model(), torch.randn(3, 4)
+    tokens = torch.tensor([1, 2, 6])
+    with scoring_head(model, tokens, temperature=1.0, with_entropy=True):
+        out = model.lm_head(h)
+    lp, ent = chunked_head_logprobs(h, model.lm_head.weight, None, tokens)
+    assert out.shape == (3, 2) and torch.equal(out[:, 0], lp) and torch.equal(out[:, 1], ent)
+    assert "forward" not in vars(model.lm_head) and model.lm_head(h).shape == (3, 7)
+    marker = model.lm_head.forward = lambda x: "hooked"
+    with scoring_head(model, tokens, temperature=1.0, with_entropy=False):
+        assert model.lm_head(h).shape == (3, 2)
+    assert model.lm_head.forward is marker
