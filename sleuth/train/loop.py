@@ -179,7 +179,7 @@ class Trainer:
             mini_batches=tc.mini_batches,
             epochs=tc.epochs, grad_clip=tc.grad_clip, temperature=temp, scheduler=self.state.scheduler,
             seed=tc.seed * 1_000_003 + self.step, critic=self.state.critic_model, critic_optimizer=self.state.critic_opt,
-            norm_len=cfg.rollout.max_context_tokens, train_policy=self.step > tc.critic_warmup_steps,
+            norm_len=cfg.rollout.max_context_tokens, train_policy=not 0 < self.step <= tc.critic_warmup_steps,
         ))
         if self.vllm is not None:  # the next rollout samples from the updated weights
             t_sync = time.perf_counter()

@@ -1,8 +1,10 @@
 """The memory plan: the expected peak memory per rank of a training run, before any weight is loaded.
 
-``sleuth train`` prints it and refuses a config whose peak cannot fit the visible device (a GPU's
-memory, or the machine's RAM for a CPU run), naming the settings to change; ``sleuth train --plan``
-prints it and exits. ``train.memory_check: false`` runs anyway.
+``sleuth train`` prints it and, when ``train.max_tokens_per_micro_batch`` bounds the micro-batches,
+refuses a config whose peak cannot fit the visible device (a GPU's memory, or the machine's RAM for
+a CPU run), naming the settings to change (without a token budget the activation term is a worst
+case, every row at full context: a warning only); ``sleuth train --plan`` prints it and exits.
+``train.memory_check: false`` runs anyway.
 
 What is counted (bytes per rank; P parameters, P_t trainable, N ranks, FSDP divides by N what it shards):
 
@@ -65,7 +67,7 @@ class ModelShape:
     def from_config(cls, hf_config) -> ModelShape:
         from transformers import AutoModelForCausalLM
 
-        from sleuth.train.chunked_head import PLAIN_HEAD_MODELS
+        from sleuth.train.chunked_head import PLAIN_HEAD_MODELS  # lazy: memory_plan is imported by the loop
 
         with torch.device("meta"):  # no memory, no weights: just the parameter shapes
             model = AutoModelForCausalLM.from_config(hf_config)
@@ -84,7 +86,7 @@ def load_shape(cfg: Config) -> ModelShape:
     """The shape of ``model.name_or_path`` from its config alone (no weights are read)."""
     from transformers import AutoConfig
 
-    from sleuth.models import resolve_model
+    from sleuth.models import resolve_model  # lazy: transformers only when a plan is made
 
     name = cfg.model.name_or_path
     if name == "tiny":
@@ -195,7 +197,7 @@ def make_plan(cfg: Config, shape: ModelShape, *, world_size: int = 1, capacity: 
     notes["activations"] = (f"{tokens} tokens per micro-batch x {per_token / 2**10:.0f} KiB"
                             + (", checkpointed" if tc.grad_checkpointing else "") + (", policy + critic" if critic else ""))
     if shape.chunked_head:
-        from sleuth.train.chunked_head import chunk_positions
+        from sleuth.train.chunked_head import chunk_positions  # lazy: only for chunked heads
 
         chunk = min(chunk_positions(shape.vocab), tokens)
         it["output layer"] = 2 * 4 * chunk * shape.vocab + 4 * tokens * shape.hidden
@@ -255,7 +257,7 @@ def check_memory(cfg: Config, ctx) -> MemoryPlan | None:
     cannot be read without its weights gets a warning and no plan."""
     import sys
 
-    from sleuth.models import pick_device
+    from sleuth.models import pick_device  # lazy: transformers only when a plan is made
 
     device = torch.device("cuda", ctx.local_rank) if ctx.enabled and torch.cuda.is_available() \
         else pick_device(cfg.model.device)
@@ -266,7 +268,10 @@ def check_memory(cfg: Config, ctx) -> MemoryPlan | None:
             print(f"warning: no memory plan for {cfg.model.name_or_path!r} ({type(e).__name__}: {e})", file=sys.stderr)
         return None
     if ctx.is_main:
-        print(plan.table(), file=sys.stderr)
-    if cfg.train.memory_check:
-        check_plan(plan, cfg)
+        print(plan.table())
+    if cfg.train.memory_check and cfg.train.max_tokens_per_micro_batch is not None:
+        check_plan(plan, cfg)  # without a token budget the activations are a worst case (every row at full context)
+    elif not plan.fits() and ctx.is_main:
+        print(f"warning: the worst case (every row at rollout.max_context_tokens) may not fit; set "
+              f"train.max_tokens_per_micro_batch to bound it. {advice(plan, cfg)}")
     return plan
