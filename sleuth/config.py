@@ -204,8 +204,14 @@ class TrainConfig:
     """AdamW learning rate of the policy (after warm-up, before decay)."""
     critic_lr: Annotated[Float, Field(ge=0)] = 1e-5
     """AdamW learning rate of the critic (advantage=gae)."""
+    critic_lr_warmup_steps: Annotated[Int, Field(ge=0)] = 0
+    """Updates of linear learning-rate warm-up of the critic, constant after (Search-R1's PPO: 15, from
+    ``critic.optim.lr_warmup_steps_ratio=0.015``); 0 = none."""
     warmup_steps: Annotated[Int, Field(ge=0)] = 0
     """Steps of linear learning-rate warm-up (0 = none)."""
+    warmup_from_zero: Bool = False
+    """Warm-up from rate 0: the k-th update runs at (k - 1) / warmup_steps of the rate (verl's and Search-R1's
+    ``get_constant_schedule_with_warmup``) instead of k / warmup_steps. Applies to the critic's warm-up too."""
     schedule: Literal["constant", "cosine"] = "constant"
     """Learning rate after warm-up: constant, or cosine decay to 0 at total_steps."""
     weight_decay: Annotated[Float, Field(ge=0)] = 0.0
@@ -220,6 +226,12 @@ class TrainConfig:
     longest first, join a micro-batch while it stays within both this and ``micro_batch_size``; a row longer than
     the budget goes alone. Bounds the update's activation memory whatever the rows' lengths (verl's
     ``ppo_max_token_len_per_gpu``). None: ``micro_batch_size`` rows alone."""
+    remove_padding: Bool = False
+    """Run each micro-batch (update, and the no-gradient passes: old policy, reference, critic) as one row without
+    padding: its rows concatenated, position ids restarting at each row, attention kept within each row (verl's
+    ``use_remove_padding``). No compute goes to padding, and ``max_tokens_per_micro_batch`` counts real tokens. For
+    the Llama, Mistral, Qwen2/Qwen3, SmolLM3 and OLMo2 families (eager, SDPA or flash attention); other models run
+    padded, with a warning."""
     mini_batches: Annotated[Int, Field(ge=1)] = 1
     """Optimizer steps per rollout batch (PPO mini-batches): each rank splits its rows into this many, so a
     mini-batch holds B / mini_batches rows over all ranks."""
@@ -227,6 +239,14 @@ class TrainConfig:
     """Passes over each rollout batch (PPO epochs)."""
     grad_checkpointing: Bool = False
     """Recompute the policy's (and the critic's) activations in the backward pass: less memory, slower."""
+    offload_optimizer: Bool = False
+    """Keep the AdamW state (policy and critic; 8 bytes per trainable parameter) in CPU memory except during each
+    optimizer step (verl's ``optimizer_offload``): the device holds it only at the step, when no activations or KV
+    cache are alive. Costs two host-device copies of it per optimizer step. No effect on a CPU run."""
+    offload_reference: Bool = False
+    """Keep the frozen reference in CPU memory and move it to the device for its log-probability pass only (verl's
+    reference ``param_offload``; under FSDP its shards through FSDP2's ``CPUOffloadPolicy``). Costs one copy of it
+    each way per step. No effect on a CPU run."""
     memory_check: Bool = True
     """Before loading weights, print the memory plan (expected peak per rank; ``sleuth train --plan``) and refuse a
     config whose peak does not fit the device; false: print it and run anyway."""
@@ -252,6 +272,10 @@ class TrainConfig:
     """What the collapse watch does: warn | stop | rollback (to the last good checkpoint)."""
     seed: Int = 0
     """Seed of the run: python/numpy/torch, question order, rollout sampling."""
+    deterministic: Bool | None = None
+    """Use torch's deterministic algorithms (``torch.use_deterministic_algorithms``, warnings where an op has none;
+    on a GPU also ``CUBLAS_WORKSPACE_CONFIG`` and no cuDNN autotuning): reruns and resumes give the same numbers.
+    None (default): on CPU runs, where it costs nothing, and not on GPUs, where it slows some kernels."""
     tensorboard: Bool = False
     """Also write TensorBoard events to ``<out>/tensorboard``."""
     wandb: Bool = False

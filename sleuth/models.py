@@ -243,7 +243,8 @@ class ValueHead(torch.nn.Module):
         torch.nn.init.zeros_(self.head.weight)
         torch.nn.init.zeros_(self.head.bias)
 
-    def forward(self, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor | None,
+                position_ids_BT: torch.Tensor | None = None) -> torch.Tensor:
         """``values_BT[:, t]``: the value of the state *before* token ``t`` (read at position ``t - 1``).
 
         The same alignment as the logprobs (``sleuth.train.forward``): column ``t`` is the baseline of
@@ -251,13 +252,20 @@ class ValueHead(torch.nn.Module):
         ``values[:, -response_length - 1 : -1]`` for the same reason). Column 0 (a prompt token, never
         an action) is 0. A value read at ``t`` itself has seen the action; once the critic fits, the
         advantage ``r - V`` goes to zero and nothing is learned.
+
+        Packed rows (``sleuth.train.forward.pack``): ``attention_mask_BT`` None and ``position_ids_BT``
+        restarting at 0 at each row; the value at each row's first token is 0.
         """
-        positions_BT = (attention_mask_BT.long().cumsum(-1) - 1).clamp(min=0)  # right padding: 0..len-1
+        if position_ids_BT is None:
+            if attention_mask_BT is None:
+                raise ValueError("ValueHead: give attention_mask_BT, or position_ids_BT for packed rows")
+            position_ids_BT = (attention_mask_BT.long().cumsum(-1) - 1).clamp(min=0)  # right padding: 0..len-1
         # the decoder alone: its final hidden states, no LM logits (a [B, T, V] tensor the value ignores)
         hidden_BTH = self.body.get_decoder()(input_ids=input_ids_BT, attention_mask=attention_mask_BT,
-                                             position_ids=positions_BT).last_hidden_state
+                                             position_ids=position_ids_BT, use_cache=False).last_hidden_state
         after_BT = self.head(hidden_BTH).squeeze(-1).float()  # [B, T] value after token t
-        return torch.nn.functional.pad(after_BT[:, :-1], (1, 0))  # [B, T] value before token t
+        before_BT = torch.nn.functional.pad(after_BT[:, :-1], (1, 0))  # [B, T] value before token t
+        return before_BT if attention_mask_BT is not None else before_BT * (position_ids_BT != 0)
 
 
 def make_critic(policy_path: str, *, dtype: str = "float32", device: str = "auto", gguf_file: str | None = None):

@@ -42,7 +42,14 @@ from sleuth.data.qa import QADataError, load_questions
 from sleuth.errors import UserError
 from sleuth.eval.ask import register_ask
 from sleuth.eval.baseline import load_baseline
-from sleuth.eval.common import add_model_retrieval_args, describe_retriever, load_model, open_retriever, protocol
+from sleuth.eval.common import (
+    add_model_retrieval_args,
+    describe_retriever,
+    load_model,
+    open_retriever,
+    protocol,
+    resolve_dtype,
+)
 from sleuth.eval.defaults import resolve_run_defaults
 from sleuth.eval.report import (
     check_setting,
@@ -124,6 +131,7 @@ def _eval(args) -> int:
     if args.limit is not None and args.limit < 1:
         raise UserError(f"--limit must be >= 1, got {args.limit}")
     resolve_run_defaults(args)
+    resolve_dtype(args)  # before the setting is recorded: a resumed eval compares the dtype it ran in
     if bool(args.judge_url) != bool(args.judge_model):
         raise UserError("--judge-url and --judge-model go together")
     rcfg, fmt = protocol(args)

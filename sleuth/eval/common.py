@@ -38,7 +38,8 @@ def add_model_retrieval_args(p: argparse.ArgumentParser) -> None:
                    help="prompt + response budget (default: the run's, else 4096)")
     p.add_argument("--no-search", action="store_true",
                    help="no-retrieval baseline: direct-answer prompt and max_turns=0 (searches not executed)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="weights and compute dtype (default auto: bfloat16 on a GPU that supports it, else float32)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--set", action="append", default=[], metavar="rollout.KEY=VALUE",
                    help="override a rollout config value, e.g. --set rollout.max_obs_tokens=256 (repeatable)")
@@ -129,11 +130,27 @@ def open_retriever(args, desc: dict, *, cache: bool = False, cache_dir: str | No
     return retriever
 
 
+def resolve_dtype(args) -> str:
+    """``--dtype auto`` -> bfloat16 on a CUDA device that supports it, else float32 (set on ``args``)."""
+    if args.dtype == "auto":
+        import torch  # lazy: torch (~2 s) at `sleuth --help`
+
+        from sleuth.models import pick_device  # lazy: as above
+
+        try:
+            device = pick_device(args.device)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        args.dtype = "bfloat16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
+    return args.dtype
+
+
 def load_model(args):
     """``(model, tokenizer)``; a model that cannot be loaded (offline hub name, broken files) is a
     clear input error, not a traceback."""
     from sleuth.models import load_policy  # lazy: torch (~2 s) at `sleuth --help`
 
+    resolve_dtype(args)
     try:
         return load_policy(args.model, dtype=args.dtype, device=args.device)
     except OSError as e:

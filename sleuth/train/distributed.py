@@ -64,22 +64,24 @@ def _block_classes(model: torch.nn.Module) -> set[str]:
     return names
 
 
-def shard(model: torch.nn.Module, mesh=None) -> torch.nn.Module:
+def shard(model: torch.nn.Module, mesh=None, *, offload: bool = False) -> torch.nn.Module:
     """Apply FSDP2 in place: each decoder block, then the root (embeddings, norm, head, the rest).
 
     Works on CPU with gloo and on GPUs with nccl; ``mesh`` defaults to all ranks on this
-    process's device type.
+    process's device type. ``offload`` (GPU meshes; a no-op on CPU): the shards live in pinned CPU
+    memory (FSDP2's ``CPUOffloadPolicy``) and are copied to the GPU when gathered.
     """
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
     if mesh is None:
         kind = "cuda" if torch.cuda.is_available() else "cpu"
         mesh = init_device_mesh(kind, (dist.get_world_size(),))
+    policy = CPUOffloadPolicy(pin_memory=True) if offload and mesh.device_type == "cuda" else OffloadPolicy()
     names = _block_classes(model)
     for block in [m for m in model.modules() if type(m).__name__ in names]:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+        fully_shard(block, mesh=mesh, offload_policy=policy)
+    fully_shard(model, mesh=mesh, offload_policy=policy)
     return model
 
 

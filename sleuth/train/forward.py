@@ -13,6 +13,13 @@ no vocabulary projection, no log-softmax and no entropy; their columns hold 0. F
 whose output layer is a plain linear map (``sleuth.train.chunked_head``), the output layer, the
 log-softmax and the entropy run chunk by chunk inside one autograd Function that recomputes them in
 backward, so a micro-batch's [N, V] logits are never held with their graph.
+
+Packing (``packed=True``, ``train.remove_padding``; verl's ``use_remove_padding``): a micro-batch's
+rows are concatenated, padding removed, into one row of ``sum(lengths)`` tokens whose position ids
+restart at 0 at each row, with no attention mask; transformers then builds a block-diagonal causal
+mask from the position ids (eager/SDPA; the flash-attention kernels run variable-length), so no
+token attends across rows and no compute goes to padding. The results are scattered back to the
+[B, T] layout. For the model families in ``PACKING_MODELS`` (:func:`supports_packing`).
 """
 
 from __future__ import annotations
@@ -25,13 +32,22 @@ from sleuth.algo.logprobs import entropy_from_logits, logprobs_and_entropy
 from sleuth.train.chunked_head import scoring_head, supports_chunked_head
 
 
-def length_buckets(lengths_B: list[int], micro_batch_size: int, max_tokens: int | None = None) -> list[list[int]]:
+# model types whose decoder builds its attention mask with transformers' masking utilities from the
+# position ids when no attention mask is given (packed rows: a block-diagonal causal mask) and applies
+# rotary embeddings at those position ids (read in transformers' modeling files)
+PACKING_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3", "smollm3", "olmo2"})
+PACKING_ATTENTION = frozenset({"eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention"})
+
+
+def length_buckets(lengths_B: list[int], micro_batch_size: int, max_tokens: int | None = None, *,
+                   packed: bool = False) -> list[list[int]]:
     """Row indices grouped into micro-batches of similar length (longest first).
 
     Sorting by length before cutting into micro-batches means each micro-batch is trimmed to its
     own longest row, so short rows do not pay for the batch's longest one. A micro-batch holds at
-    most ``micro_batch_size`` rows and, with ``max_tokens``, at most that many token slots (its
-    rows times its longest row, the first one); a row longer than ``max_tokens`` goes alone.
+    most ``micro_batch_size`` rows and, with ``max_tokens``, at most that many token slots: its
+    rows times its longest row (the first one), or with ``packed`` (rows concatenated, no padding)
+    the sum of its rows' lengths. A row longer than ``max_tokens`` goes alone.
     """
     if micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
@@ -39,22 +55,56 @@ def length_buckets(lengths_B: list[int], micro_batch_size: int, max_tokens: int 
         raise ValueError(f"max_tokens must be >= 1 (or None), got {max_tokens}")
     order = sorted(range(len(lengths_B)), key=lambda i: (-lengths_B[i], i))
     buckets: list[list[int]] = []
+    used = 0  # token slots of the last bucket
     for i in order:
         b = buckets[-1] if buckets else None
-        fits = b is not None and len(b) < micro_batch_size and (
-            max_tokens is None or (len(b) + 1) * lengths_B[b[0]] <= max_tokens)
-        if fits:
+        slots = used + lengths_B[i] if packed else (len(b) + 1) * lengths_B[b[0]] if b else 0
+        if b is not None and len(b) < micro_batch_size and (max_tokens is None or slots <= max_tokens):
             b.append(i)
+            used = slots
         else:
             buckets.append([i])
+            used = lengths_B[i]
     return buckets
 
 
-def padding_share(lengths_B: list[int], buckets: list[list[int]]) -> float:
-    """Share of the computed token slots that are padding under ``buckets``."""
+def padding_share(lengths_B: list[int], buckets: list[list[int]], *, packed: bool = False) -> float:
+    """Share of the computed token slots that are padding under ``buckets`` (0 when ``packed``)."""
     real = sum(lengths_B)
+    if packed:
+        return 0.0
     computed = sum(len(b) * max(lengths_B[i] for i in b) for b in buckets if b)
     return 0.0 if computed == 0 else 1.0 - real / computed
+
+
+def supports_packing(model) -> bool:
+    """Whether ``model`` (or the decoder of a critic, under DDP / peft wrappers) can run packed rows:
+    a ``PACKING_MODELS`` family, an attention implementation in ``PACKING_ATTENTION``, and a
+    transformers whose masking utilities detect packed position ids."""
+    import transformers.masking_utils as masking  # lazy: read once per call site, after transformers is loaded
+
+    inner = _wrapped(model)
+    inner = getattr(inner, "body", inner)  # sleuth.models.ValueHead: its decoder
+    config = getattr(inner, "config", None)
+    return (getattr(config, "model_type", None) in PACKING_MODELS
+            and getattr(config, "_attn_implementation", None) in PACKING_ATTENTION
+            and hasattr(masking, "find_packed_sequence_indices"))
+
+
+def pack(input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor):
+    """Right-padded rows -> one row without padding: ``(ids_1N, positions_1N, keep_BT)`` where
+    ``positions_1N`` restart at 0 at each row and ``keep_BT`` marks the real tokens (row-major,
+    the order of the packed row)."""
+    keep_BT = attention_mask_BT.bool()
+    positions_BT = attention_mask_BT.long().cumsum(-1) - 1
+    return input_ids_BT[keep_BT][None], positions_BT[keep_BT][None], keep_BT
+
+
+def unpack(values_1N: torch.Tensor, keep_BT: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`pack` for per-token values: [1, N] -> [B, T] with 0 at the padding
+    (differentiable in ``values_1N``)."""
+    zeros_BT = torch.zeros(keep_BT.shape, dtype=values_1N.dtype, device=values_1N.device)
+    return zeros_BT.masked_scatter(keep_BT, values_1N[0])
 
 
 @functools.cache
@@ -76,8 +126,9 @@ def selected_logits(model, input_ids_BT, attention_mask_BT, position_ids_BT, kee
     inner = _wrapped(model)
     takes_mask = _keeps_masked_logits() and hasattr(inner, "get_output_embeddings")
     kwargs = {"logits_to_keep": keep_BT} if takes_mask else {}
+    # use_cache=False: no KV cache to fill (and transformers detects packed rows only without one)
     logits = model(input_ids=input_ids_BT, attention_mask=attention_mask_BT, position_ids=position_ids_BT,
-                   **kwargs).logits
+                   use_cache=False, **kwargs).logits
     if logits.dim() == 3:  # a model that computed every position: select afterwards (same values)
         logits = logits[keep_BT]
     return logits  # [N, V]
@@ -92,6 +143,7 @@ def token_logprobs(
     with_entropy: bool = False,
     entropy_grad: bool = True,
     needed_BT: torch.Tensor | None = None,
+    packed: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprob of each token given its prefix (and the entropy of that prediction), shape [B, T].
 
@@ -99,14 +151,18 @@ def token_logprobs(
     the entropy outside the graph (a metric only, e.g. ``algo.entropy_coef == 0``): its softmax is
     then not kept for the backward pass (a [B, T, V] tensor per micro-batch). ``needed_BT`` (e.g.
     the loss mask): only those columns are computed (the output layer runs at their positions
-    only); the others hold 0.
+    only); the others hold 0. ``packed``: the rows run as one row without padding (:func:`pack`;
+    the same values, to float rounding, for a model :func:`supports_packing` accepts).
     """
-    B, T = input_ids_BT.shape
+    if packed:
+        return _packed_logprobs(model, input_ids_BT, attention_mask_BT, temperature=temperature,
+                                with_entropy=with_entropy, entropy_grad=entropy_grad, needed_BT=needed_BT)
     positions_BT = (attention_mask_BT.long().cumsum(-1) - 1).clamp(min=0)  # right padding: 0..len-1
     if needed_BT is not None:
         return _needed_logprobs(model, input_ids_BT, attention_mask_BT, positions_BT, needed_BT.bool(),
                                 temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad)
-    logits_BTV = model(input_ids=input_ids_BT, attention_mask=attention_mask_BT, position_ids=positions_BT).logits
+    logits_BTV = model(input_ids=input_ids_BT, attention_mask=attention_mask_BT, position_ids=positions_BT,
+                       use_cache=False).logits
     lp_Bt, ent_Bt = logprobs_and_entropy(
         logits_BTV[:, :-1], input_ids_BT[:, 1:], temperature=temperature, with_entropy=with_entropy and entropy_grad
     )  # [B, T-1] each
@@ -114,6 +170,20 @@ def token_logprobs(
         with torch.no_grad():
             ent_Bt = entropy_from_logits(logits_BTV[:, :-1], temperature=temperature)  # [B, T-1]
     return _with_first_column(lp_Bt, ent_Bt)
+
+
+def _packed_logprobs(model, input_ids_BT, attention_mask_BT, *, temperature, with_entropy, entropy_grad, needed_BT):
+    """``token_logprobs`` of the rows packed into one (no attention mask: transformers masks by the
+    position ids). A row's first token has no prefix: never scored (its column holds 0)."""
+    ids_1N, positions_1N, keep_BT = pack(input_ids_BT, attention_mask_BT)
+    first_1N = positions_1N == 0  # row starts: the packed row's previous token belongs to another row
+    if needed_BT is None:
+        needed_1N = ~first_1N
+    else:
+        needed_1N = needed_BT.bool()[keep_BT][None] & ~first_1N
+    lp_1N, ent_1N = _needed_logprobs(model, ids_1N, None, positions_1N, needed_1N, temperature=temperature,
+                                     with_entropy=with_entropy, entropy_grad=entropy_grad)
+    return unpack(lp_1N, keep_BT), unpack(ent_1N, keep_BT) if ent_1N is not None else None
 
 
 def _needed_logprobs(model, input_ids_BT, attention_mask_BT, positions_BT, needed_BT, *, temperature,
@@ -171,36 +241,51 @@ def batched_logprobs(
     max_tokens: int | None = None,
     temperature: float = 1.0,
     needed_BT: torch.Tensor | None = None,
+    packed: bool = False,
 ) -> torch.Tensor:
     """``token_logprobs`` over a whole batch in length buckets (``micro_batch_size`` rows and
     ``max_tokens`` token slots at most), without gradients; [B, T] on the inputs' device. With
-    ``needed_BT`` only those columns are computed (the rest hold 0)."""
+    ``needed_BT`` only those columns are computed (the rest hold 0); ``packed``: each bucket's rows
+    run as one row without padding."""
 
     def run(take):
         needed = None if needed_BT is None else take(needed_BT)
         return token_logprobs(model, take(input_ids_BT), take(attention_mask_BT), temperature=temperature,
-                              needed_BT=needed)[0]
+                              needed_BT=needed, packed=packed)[0]
 
-    return _over_buckets(run, model, attention_mask_BT, micro_batch_size, max_tokens)
+    return _over_buckets(run, model, attention_mask_BT, micro_batch_size, max_tokens, packed)
+
+
+def critic_values(critic, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor, *,
+                  packed: bool = False) -> torch.Tensor:
+    """``critic(input_ids_BT, attention_mask_BT)`` (a :class:`sleuth.models.ValueHead`: [B, T], the
+    value before each token, column 0 = 0), or with ``packed`` the same from one row without
+    padding (its values at each row's first token are 0)."""
+    if not packed:
+        return critic(input_ids_BT, attention_mask_BT)
+    ids_1N, positions_1N, keep_BT = pack(input_ids_BT, attention_mask_BT)
+    return unpack(critic(ids_1N, None, position_ids_BT=positions_1N), keep_BT)
 
 
 @torch.no_grad()
 def batched_values(critic, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor, *, micro_batch_size: int,
-                   max_tokens: int | None = None) -> torch.Tensor:
+                   max_tokens: int | None = None, packed: bool = False) -> torch.Tensor:
     """The critic's values [B, T] (float32, on the inputs' device) in the same length buckets as the
     policy's passes; columns past a row's length hold 0."""
-    return _over_buckets(lambda take: critic(take(input_ids_BT), take(attention_mask_BT)), critic, attention_mask_BT,
-                         micro_batch_size, max_tokens)
+    return _over_buckets(lambda take: critic_values(critic, take(input_ids_BT), take(attention_mask_BT), packed=packed),
+                         critic, attention_mask_BT, micro_batch_size, max_tokens, packed)
 
 
-def _over_buckets(run, model, attention_mask_BT, micro_batch_size: int, max_tokens: int | None) -> torch.Tensor:
+def _over_buckets(run, model, attention_mask_BT, micro_batch_size: int, max_tokens: int | None,
+                  packed: bool = False) -> torch.Tensor:
     """[B, T] float32 on the inputs' device: ``run(take)`` per length bucket, where ``take(t_BT)``
-    gives the bucket's rows of ``t_BT`` trimmed to their longest row, on the model's device."""
+    gives the bucket's rows of ``t_BT`` trimmed to their longest row, on the model's device; 0 past
+    each row's length (whatever the bucket's other rows, packed or not)."""
     lengths_B = attention_mask_BT.sum(-1).tolist()
     out_BT = torch.zeros(attention_mask_BT.shape, dtype=torch.float32, device=attention_mask_BT.device)
     device = next(model.parameters()).device
-    for rows in length_buckets(lengths_B, micro_batch_size, max_tokens):
+    for rows in length_buckets(lengths_B, micro_batch_size, max_tokens, packed=packed):
         L = max(lengths_B[i] for i in rows)
         idx = torch.tensor(rows, device=attention_mask_BT.device)
         out_BT[idx, :L] = run(lambda t_BT: t_BT[idx, :L].to(device)).float().to(out_BT.device)
-    return out_BT
+    return out_BT.masked_fill_(~attention_mask_BT.bool(), 0.0)

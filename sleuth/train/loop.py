@@ -39,9 +39,10 @@ from sleuth.train import reduce
 from sleuth.train.checkpoint import latest_checkpoint
 from sleuth.train.distributed import init_distributed
 from sleuth.train.failed_searches import leave_out, retriever_down_error
-from sleuth.train.forward import batched_logprobs, batched_values, length_buckets, padding_share
+from sleuth.train.forward import batched_logprobs, batched_values, length_buckets, padding_share, supports_packing
 from sleuth.train.logging import MetricsLogger, truncate_logs
 from sleuth.train.memory_plan import check_memory
+from sleuth.train.offload import on_device
 from sleuth.train.rundir import check_run_dir, warn_changed_settings, write_run_config
 from sleuth.train.sampler import CollapseWatch, QuestionSampler
 from sleuth.train.state import (
@@ -50,6 +51,7 @@ from sleuth.train.state import (
     restore_state,
     save_state,
     seed_everything,
+    set_determinism,
 )
 from sleuth.train.update import UpdateBatch, compute_advantages, policy_update
 
@@ -66,9 +68,10 @@ class Trainer:
         sharded = check_parallel_settings(cfg, self.ctx)
         self.memory_plan = check_memory(cfg, self.ctx)  # before any weight is loaded; refuses what cannot fit
         seed_everything(cfg.train.seed)
-        torch.use_deterministic_algorithms(True, warn_only=True)
+        self.deterministic = set_determinism(cfg, self.ctx)
         self.state = build_state(cfg, self.ctx, sharded)  # policy, reference, critic, optimizers
         self.policy, self.tokenizer, self.optimizer = self.state.policy, self.state.tokenizer, self.state.optimizer
+        self.packed = self._packing()
         self.fmt, self.retriever, self.reward_fn = build_format(cfg), build_retriever(cfg), build_reward(cfg)
         self.sampler = QuestionSampler(train_questions(cfg), seed=cfg.train.seed, shuffle=cfg.data.shuffle)
         if len(self.sampler.questions) < cfg.train.questions_per_step:
@@ -91,6 +94,19 @@ class Trainer:
         self.logger = MetricsLogger(self.out, total_steps=cfg.train.total_steps, tensorboard=cfg.train.tensorboard,
                                     wandb=cfg.train.wandb, config=to_dict(cfg), enabled=self.ctx.is_main,
                                     progress=progress, resume=resume and self.step > 0)
+
+    def _packing(self) -> bool:
+        """``train.remove_padding`` where the model supports it (else a warning: the run goes padded)."""
+        if not self.cfg.train.remove_padding:
+            return False
+        if supports_packing(self.policy):
+            return True
+        if self.ctx.is_main:
+            config = getattr(self.policy, "config", None)
+            print(f"warning: train.remove_padding is set but {getattr(config, 'model_type', type(self.policy).__name__)!r}"
+                  f" with attention {getattr(config, '_attn_implementation', None)!r} cannot run packed rows "
+                  "(sleuth.train.forward.supports_packing); the micro-batches run padded", flush=True)
+        return False
 
     def compute(self):
         """The context every forward of the run executes in (autocast to ``model.dtype``)."""
@@ -157,7 +173,7 @@ class Trainer:
                 old = rb.old_logprobs_BT.to(device)  # the same quantity: one no-grad forward saved
             else:
                 old = batched_logprobs(self.policy, ids, att, micro_batch_size=mbs[0], max_tokens=mbs[1],
-                                       temperature=temp, needed_BT=mask)
+                                       temperature=temp, needed_BT=mask, packed=self.packed)
         group_ids, mask = self._leave_out_failed_searches(trajs, rb.group_ids, mask, metrics)
         rewards = assign_rewards(trajs, self.reward_fn)  # each trajectory's reward, also kept in t.reward
         metrics.update(reward_metrics(trajs, rewards))
@@ -167,7 +183,8 @@ class Trainer:
         values = returns = None
         if self.state.critic is not None:
             with par.gathered(self.state.critic):
-                values = batched_values(self.state.critic, ids, att, micro_batch_size=mbs[0], max_tokens=mbs[1])
+                values = batched_values(self.state.critic, ids, att, micro_batch_size=mbs[0], max_tokens=mbs[1],
+                                        packed=self.packed)
         scores = torch.tensor(rewards, dtype=torch.float32, device=device)
         adv, returns = compute_advantages(cfg.algo, scores, group_ids, mask, old_logprobs_BT=old,
                                           ref_logprobs_BT=ref, values_BT=values)
@@ -179,7 +196,9 @@ class Trainer:
             mini_batches=tc.mini_batches,
             epochs=tc.epochs, grad_clip=tc.grad_clip, temperature=temp, scheduler=self.state.scheduler,
             seed=tc.seed * 1_000_003 + self.step, critic=self.state.critic_model, critic_optimizer=self.state.critic_opt,
+            critic_scheduler=self.state.critic_scheduler,
             norm_len=cfg.rollout.max_context_tokens, train_policy=not 0 < self.step <= tc.critic_warmup_steps,
+            packed=self.packed,
         ))
         if self.vllm is not None:  # the next rollout samples from the updated weights
             t_sync = time.perf_counter()
@@ -188,7 +207,8 @@ class Trainer:
         lengths = rb.lengths_B.tolist()
         total = time.perf_counter() - t0
         metrics.update({
-            "perf/padding_share": padding_share(lengths, length_buckets(lengths, *mbs)),
+            "perf/padding_share": padding_share(lengths, length_buckets(lengths, *mbs, packed=self.packed),
+                                                packed=self.packed),
             "perf/trained_token_share": float(mask.sum() / att.sum()),
             "perf/step_s": total,
             "perf/train_s": total - t_rollout,
@@ -221,12 +241,13 @@ class Trainer:
         """The frozen reference's logprobs at the trained tokens: a separate copy, or (LoRA) the policy
         without adapters."""
         if self.state.ref is not None:
-            with par.gathered(self.state.ref):
+            with on_device(self.state.ref, self.state.compute_device, offloaded=self.state.ref_offloaded), \
+                    par.gathered(self.state.ref):
                 return batched_logprobs(self.state.ref, ids, att, micro_batch_size=mbs[0], max_tokens=mbs[1],
-                                        temperature=temp, needed_BT=mask)
+                                        temperature=temp, needed_BT=mask, packed=self.packed)
         with self.policy.disable_adapter():
             return batched_logprobs(self.policy, ids, att, micro_batch_size=mbs[0], max_tokens=mbs[1],
-                                    temperature=temp, needed_BT=mask)
+                                    temperature=temp, needed_BT=mask, packed=self.packed)
 
     def evaluate(self, *, no_search: bool = False) -> dict:
         """Greedy, one sample per question, the same rollout code (``sleuth.eval.evaluate``);

@@ -11,9 +11,12 @@ What is counted (bytes per rank; P parameters, P_t trainable, N ranks, FSDP divi
 * master weights: float32 policy parameters (``4 P``, ``/ N`` under FSDP);
 * compute copy: under autocast (``model.dtype`` bfloat16/float16) the weights cast once per step
   (``2 P``; FSDP gathers one block at a time, so a full copy is not held there);
-* gradients ``4 P_t`` and AdamW state ``8 P_t`` (``/ N`` under FSDP);
-* reference: a frozen copy in ``model.dtype`` (none with LoRA, none without a KL term);
+* gradients ``4 P_t`` and AdamW state ``8 P_t`` (``/ N`` under FSDP; with ``train.offload_optimizer``
+  the state is on the device at the optimizer step only);
+* reference: a frozen copy in ``model.dtype`` (none with LoRA, none without a KL term; with
+  ``train.offload_reference`` on the device for its pass only);
 * critic (``algo.advantage: gae``): its own master weights, gradients and AdamW state;
+* FSDP: generation runs on the full weights, all-gathered (float32, plus their autocast copy);
 * activations of one micro-batch at the token budget ``M`` (``train.max_tokens_per_micro_batch``,
   else ``micro_batch_size x max_context_tokens``): per token and decoder layer, the tensors
   autograd saves in a Llama-family block, measured with ``saved_tensors_hooks`` on CPU and
@@ -27,10 +30,12 @@ What is counted (bytes per rank; P parameters, P_t trainable, N ranks, FSDP divi
 * KV cache of generation: ``rows x max_context_tokens x 2 x layers x KV x dtype bytes`` for the rows
   generating at once (``rollout.max_concurrent_rows``, else every row of the rank's share).
 
-Peak = master + optimizer state + reference + critic + max(rollout phase: compute copy + KV cache,
-update phase: compute copy + gradients + activations + output layer). Allocator caching and
-fragmentation, CUDA context and library workspaces are not in it: the check keeps 10% of the
-device free for them.
+Static = master weights + the AdamW state, reference and critic held on the device. Peak = the
+largest phase: rollout (static + compute copy, or under FSDP the gathered weights, + KV cache),
+update (static + compute copy + gradients + activations + output layer), the reference pass (under
+FSDP or offloaded: static + the whole reference) and, with the optimizer offloaded, the optimizer
+step (static + gradients + AdamW state). Allocator caching and fragmentation, CUDA context and
+library workspaces are not in it: the check keeps 10% of the device free for them.
 """
 
 from __future__ import annotations
@@ -125,12 +130,19 @@ class MemoryPlan:
 
     items: dict[str, float] = field(default_factory=dict)
     notes: dict[str, str] = field(default_factory=dict)
-    rollout: float = 0.0
-    update: float = 0.0
+    phases: dict[str, tuple[float, str]] = field(default_factory=dict)  # name: (bytes, what it holds)
     peak: float = 0.0
     capacity: float | None = None
     device: str = ""
     world_size: int = 1
+
+    @property
+    def rollout(self) -> float:
+        return self.phases["rollout"][0]
+
+    @property
+    def update(self) -> float:
+        return self.phases["update"][0]
 
     def fits(self) -> bool:
         return self.capacity is None or self.peak <= (1 - FREE_SHARE) * self.capacity
@@ -140,9 +152,8 @@ class MemoryPlan:
         lines = [f"Memory plan per rank ({self.world_size} rank(s), {self.device}):"]
         for name, value in self.items.items():
             lines.append(f"  {name:<26} {value / gib:8.2f} GiB  {self.notes.get(name, '')}")
-        lines.append(f"  {'rollout phase':<26} {self.rollout / gib:8.2f} GiB  (static + compute copy + KV cache)")
-        lines.append(f"  {'update phase':<26} {self.update / gib:8.2f} GiB  (static + compute copy + gradients "
-                     "+ activations + output layer)")
+        for name, (value, what) in self.phases.items():
+            lines.append(f"  {name + ' phase':<26} {value / gib:8.2f} GiB  ({what})")
         cap = f" of {self.capacity / gib:.2f} GiB" if self.capacity else ""
         lines.append(f"  {'expected peak':<26} {self.peak / gib:8.2f} GiB{cap}")
         return "\n".join(lines)
@@ -175,14 +186,19 @@ def make_plan(cfg: Config, shape: ModelShape, *, world_size: int = 1, capacity: 
     it, notes = plan.items, plan.notes
     it["master weights"] = 4 * (P + (trainable if mc.lora_rank > 0 else 0)) / shard
     notes["master weights"] = f"float32, {P / 1e9:.2f}B parameters" + (" (sharded)" if fsdp else "")
-    it["AdamW state"] = 8 * trainable / shard
-    notes["AdamW state"] = f"{trainable / 1e6:.1f}M trainable parameters"
-    use_ref = cfg.algo.kl_coef > 0 and cfg.algo.kl_mode != "none" and mc.lora_rank == 0
-    it["reference"] = compute * P / shard if use_ref else 0.0
-    notes["reference"] = f"frozen, {mc.dtype}" if use_ref else "none (no KL term, or LoRA: the base)"
     critic = cfg.algo.advantage == "gae"
-    it["critic"] = 16 * P / shard if critic else 0.0
-    notes["critic"] = "weights, gradients, AdamW state" if critic else "none"
+    adam = 8 * (trainable + (P if critic else 0)) / shard  # policy and critic
+    it["AdamW state"] = 0.0 if tc.offload_optimizer else 8 * trainable / shard
+    notes["AdamW state"] = f"{trainable / 1e6:.1f}M trainable parameters" + (
+        "; offloaded: in CPU memory, on the device at the optimizer step only" if tc.offload_optimizer else "")
+    use_ref = cfg.algo.kl_coef > 0 and cfg.algo.kl_mode != "none" and mc.lora_rank == 0
+    ref_bytes = compute * P  # the whole reference
+    it["reference"] = ref_bytes / shard if use_ref and not tc.offload_reference else 0.0
+    notes["reference"] = (f"frozen, {mc.dtype}" + ("; offloaded: in CPU memory, on the device for its pass only"
+                                                   if tc.offload_reference else "")
+                          if use_ref else "none (no KL term, or LoRA: the base)")
+    it["critic"] = (8 if tc.offload_optimizer else 16) * P / shard if critic else 0.0
+    notes["critic"] = ("weights, gradients" + ("" if tc.offload_optimizer else ", AdamW state")) if critic else "none"
     static = sum(it.values())
 
     copy = compute * P if compute != 4 and not fsdp else 0.0
@@ -190,6 +206,11 @@ def make_plan(cfg: Config, shape: ModelShape, *, world_size: int = 1, capacity: 
         copy = compute * P / shape.layers  # one gathered block at a time
     it["compute copy"] = copy
     notes["compute copy"] = f"{mc.dtype} weights under autocast" if copy else "none (float32 compute)"
+    # FSDP: generation runs on the full weights, every block all-gathered (sleuth.train.distributed.gathered)
+    gathered = 4 * P * (shard - 1) / shard + (compute * P if compute != 4 else 0.0) if fsdp else 0.0
+    if fsdp:
+        it["gathered weights"] = gathered
+        notes["gathered weights"] = "FSDP rollout: the full float32 weights (+ their autocast copy)"
     it["gradients"] = 4 * trainable / shard
     tokens = tc.max_tokens_per_micro_batch or tc.micro_batch_size * rc.max_context_tokens
     per_token = activation_bytes_per_token(shape, mc.dtype, tc.grad_checkpointing)
@@ -209,22 +230,36 @@ def make_plan(cfg: Config, shape: ModelShape, *, world_size: int = 1, capacity: 
     gen_rows = min(rc.max_concurrent_rows or rows, rows)
     it["KV cache"] = gen_rows * rc.max_context_tokens * 2 * shape.layers * shape.kv_dim * compute
     notes["KV cache"] = f"{gen_rows} rows x {rc.max_context_tokens} tokens generating at once"
-    plan.rollout = static + copy + it["KV cache"]
-    plan.update = static + copy + it["gradients"] + it["activations"] + it["output layer"]
-    plan.peak = max(plan.rollout, plan.update)
+    plan.phases["rollout"] = (static + (gathered if fsdp else copy) + it["KV cache"],
+                              "static + " + ("gathered weights" if fsdp else "compute copy") + " + KV cache")
+    plan.phases["update"] = (static + copy + it["gradients"] + it["activations"] + it["output layer"],
+                             "static + compute copy + gradients + activations + output layer")
+    if use_ref and (fsdp or tc.offload_reference):  # the whole reference on the device for its pass
+        visiting = ref_bytes if tc.offload_reference else ref_bytes * (shard - 1) / shard
+        plan.phases["reference pass"] = (static + visiting, "static + the whole reference"
+                                         + (" (brought from CPU memory)" if tc.offload_reference else " (gathered)"))
+    if tc.offload_optimizer:
+        plan.phases["optimizer step"] = (static + it["gradients"] + adam, "static + gradients + AdamW state")
+    plan.peak = max(value for value, _ in plan.phases.values())
     return plan
 
 
 def advice(plan: MemoryPlan, cfg: Config) -> str:
-    """The settings that would lower the largest terms, largest first."""
-    tips = []
-    if plan.update >= plan.rollout:
-        if not cfg.train.grad_checkpointing:
-            tips.append("train.grad_checkpointing=true")
-        tips.append("a smaller train.max_tokens_per_micro_batch (or train.micro_batch_size)")
-    else:
-        tips.append("rollout.max_concurrent_rows (fewer rows generating at once)")
-    if cfg.train.parallel != "fsdp":
+    """The settings that would lower the largest phase first, then the static terms."""
+    tc = cfg.train
+    worst = max(plan.phases, key=lambda name: plan.phases[name][0])
+    tips = {
+        "rollout": ["rollout.max_concurrent_rows (fewer rows generating at once)"],
+        "update": (["train.grad_checkpointing=true"] if not tc.grad_checkpointing else [])
+                  + ["a smaller train.max_tokens_per_micro_batch (or train.micro_batch_size)"],
+        "reference pass": ["more GPUs under train.parallel=fsdp, or algo.kl_coef=0 (no reference)"],
+        "optimizer step": ["more GPUs under train.parallel=fsdp (shards gradients and AdamW state)"],
+    }[worst]
+    if not tc.offload_optimizer and worst != "optimizer step":
+        tips.append("train.offload_optimizer=true (AdamW state in CPU memory)")
+    if plan.items.get("reference") and not tc.offload_reference:
+        tips.append("train.offload_reference=true")
+    if tc.parallel != "fsdp":
         tips.append("train.parallel=fsdp over more GPUs (shards weights, gradients, AdamW state)")
     if cfg.model.lora_rank == 0:
         tips.append("model.lora_rank (LoRA: no reference copy, small optimizer state)")

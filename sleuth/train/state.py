@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +21,7 @@ import numpy as np
 import torch
 
 from sleuth.config import Config
-from sleuth.models import DTYPES, add_lora, load_policy, make_critic
+from sleuth.models import DTYPES, add_lora, load_policy, make_critic, pick_device
 from sleuth.train import distributed as par
 from sleuth.train.checkpoint import (
     load_checkpoint_file,
@@ -32,6 +33,7 @@ from sleuth.train.checkpoint import (
     set_rng_state,
 )
 from sleuth.train.distributed import DistContext
+from sleuth.train.offload import offload_optimizer, state_on_params
 
 
 def seed_everything(seed: int) -> None:
@@ -40,15 +42,31 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def make_scheduler(optimizer, cfg: Config):
-    """Linear warm-up, then constant or cosine decay to 0 at ``train.total_steps``."""
-    warm, total, kind = cfg.train.warmup_steps, max(cfg.train.total_steps, 1), cfg.train.schedule
+def set_determinism(cfg: Config, ctx: DistContext) -> bool:
+    """``train.deterministic`` (None: True on CPU runs, False on GPUs); returns what was set."""
+    on_gpu = (ctx.enabled and torch.cuda.is_available()) or pick_device(cfg.model.device).type == "cuda"
+    wanted = cfg.train.deterministic if cfg.train.deterministic is not None else not on_gpu
+    if wanted and on_gpu:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS; before its first use
+        torch.backends.cudnn.benchmark = False
+    torch.use_deterministic_algorithms(wanted, warn_only=True)
+    return wanted
+
+
+def make_scheduler(optimizer, cfg: Config, *, warmup_steps: int | None = None, schedule: str | None = None):
+    """Linear warm-up over ``train.warmup_steps`` updates, then constant or cosine decay to 0 at
+    ``train.total_steps``. The k-th update (1-based) runs at ``k / N`` of the rate during warm-up, or
+    with ``train.warmup_from_zero`` at ``(k - 1) / N`` (verl's ``get_constant_schedule_with_warmup``:
+    the first update at rate 0). ``warmup_steps`` / ``schedule`` override the config's (the critic's)."""
+    warm = cfg.train.warmup_steps if warmup_steps is None else warmup_steps
+    total, kind = max(cfg.train.total_steps, 1), schedule or cfg.train.schedule
     if kind not in ("constant", "cosine"):
         raise ValueError(f"train.schedule must be constant or cosine, got {kind!r}")
+    shift = 0 if cfg.train.warmup_from_zero else 1
 
-    def factor(step: int) -> float:
+    def factor(step: int) -> float:  # step: updates done so far (0 for the first)
         if warm and step < warm:
-            return (step + 1) / warm
+            return (step + shift) / warm
         if kind == "constant":
             return 1.0
         progress = (step - warm) / max(total - warm, 1)
@@ -85,6 +103,8 @@ class TrainState:
     critic: torch.nn.Module | None = None
     critic_model: torch.nn.Module | None = None
     critic_opt: torch.optim.Optimizer | None = None
+    critic_scheduler: torch.optim.lr_scheduler.LRScheduler | None = None  # warm-up, then constant
+    ref_offloaded: bool = False  # the reference lives in CPU memory, on the device for its pass only
 
 
 def build_state(cfg: Config, ctx: DistContext, sharded: bool) -> TrainState:
@@ -102,6 +122,8 @@ def build_state(cfg: Config, ctx: DistContext, sharded: bool) -> TrainState:
         policy = add_lora(policy, rank=mc.lora_rank, alpha=mc.lora_alpha, targets=mc.lora_targets)
     elif use_ref:
         ref = copy.deepcopy(policy).eval().requires_grad_(False).to(DTYPES[mc.dtype])
+        if tc.offload_reference:
+            ref.to("cpu")  # train.offload_reference (FSDP: its shards, below)
     wrap = dict(parallel=tc.parallel, world_size=ctx.world_size, local_rank=ctx.local_rank)
     model = par.wrap_for_update(policy, **wrap)
     critic = critic_model = critic_opt = None
@@ -112,24 +134,33 @@ def build_state(cfg: Config, ctx: DistContext, sharded: bool) -> TrainState:
         critic_model = par.wrap_for_update(critic, **wrap)
         critic_opt = torch.optim.AdamW(critic.parameters(), lr=tc.critic_lr, weight_decay=tc.weight_decay)
     if sharded and ref is not None:
-        par.shard(ref)  # forward-only; gathered around its logprob pass
+        par.shard(ref, offload=tc.offload_reference)  # forward-only; gathered around its logprob pass
     trainable = [p for p in policy.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=tc.lr, weight_decay=tc.weight_decay)
+    if tc.offload_optimizer:
+        for opt in (optimizer, critic_opt):
+            if opt is not None:
+                offload_optimizer(opt)
     return TrainState(policy, tokenizer, model, optimizer, make_scheduler(optimizer, cfg),
                       compute_device=next(policy.parameters()).device,  # FSDP: where the shards went
                       sharded=sharded, ref=ref, use_ref=use_ref, critic=critic, critic_model=critic_model,
-                      critic_opt=critic_opt)
+                      critic_opt=critic_opt,
+                      critic_scheduler=make_scheduler(critic_opt, cfg, warmup_steps=tc.critic_lr_warmup_steps,
+                                                      schedule="constant") if critic_opt else None,
+                      ref_offloaded=ref is not None and tc.offload_reference and not sharded)
 
 
 def save_state(s: TrainState, out: Path, step: int, cursor: dict, *, is_main: bool, keep: int) -> Path | None:
     """Every rank calls this (FSDP gathers the full state: collectives); rank 0 writes checkpoint
     ``step`` (:func:`sleuth.train.checkpoint.save_checkpoint`)."""
-    state = {
-        "optimizer": optimizer_state(s.policy, s.optimizer, sharded=s.sharded),
-        "scheduler": s.scheduler.state_dict(),
-        "critic_optimizer": optimizer_state(s.critic, s.critic_opt, sharded=s.sharded) if s.critic_opt else None,
-        "cursor": cursor,
-    }
+    with state_on_params(s.optimizer), state_on_params(s.critic_opt):  # offloaded state: gathered from the device
+        state = {
+            "optimizer": optimizer_state(s.policy, s.optimizer, sharded=s.sharded),
+            "scheduler": s.scheduler.state_dict(),
+            "critic_optimizer": optimizer_state(s.critic, s.critic_opt, sharded=s.sharded) if s.critic_opt else None,
+            "critic_scheduler": s.critic_scheduler.state_dict() if s.critic_scheduler else None,
+            "cursor": cursor,
+        }
     policy, critic_state = s.policy, None
     if s.sharded:
         full = par.full_model_state(s.policy)
@@ -152,5 +183,7 @@ def restore_state(s: TrainState, ckpt: Path) -> dict:
     if s.critic is not None:
         par.load_model_state(s.critic, load_checkpoint_file(ckpt, "critic.pt"))
         load_optimizer_state(s.critic, s.critic_opt, ts["critic_optimizer"], where=ckpt)
+        if ts.get("critic_scheduler") is not None:  # checkpoints before train.critic_lr_warmup_steps lack it
+            s.critic_scheduler.load_state_dict(ts["critic_scheduler"])
     set_rng_state(ts["rng"])
     return ts

@@ -42,7 +42,7 @@ from sleuth.algo.losses import (
     value_loss,
 )
 from sleuth.config import AlgoConfig
-from sleuth.train.forward import length_buckets, token_logprobs
+from sleuth.train.forward import critic_values, length_buckets, token_logprobs
 from sleuth.train.reduce import all_max, all_ranks_true, all_sum, global_whiten, world_info
 
 
@@ -99,7 +99,7 @@ def compute_advantages(
 
 
 def _micro_loss(policy, b: UpdateBatch, rows: list[int], algo: AlgoConfig, denom: float, temperature: float,
-                norm_len: float | None):
+                norm_len: float | None, packed: bool = False):
     """Loss of one micro-batch (already divided by the mini-batch denominator) and its stats."""
     lengths = b.attention_mask_BT[rows].sum(-1)
     L = int(lengths.max())
@@ -115,6 +115,7 @@ def _micro_loss(policy, b: UpdateBatch, rows: list[int], algo: AlgoConfig, denom
         policy, take(b.input_ids_BT), take(b.attention_mask_BT), temperature=temperature, with_entropy=True,
         entropy_grad=need_entropy,  # a metric only at coefficient 0: no graph (no [B, T, V] softmax kept)
         needed_BT=mask_BT,  # the output layer at trained positions only
+        packed=packed,
     )
     old_BT = take(b.old_logprobs_BT)
     tis_BT = None
@@ -179,10 +180,13 @@ def policy_update(
     seed: int = 0,
     critic=None,
     critic_optimizer: torch.optim.Optimizer | None = None,
+    critic_scheduler=None,
     train_policy: bool = True,
+    packed: bool = False,
 ) -> dict[str, float]:
     """Optimise ``policy`` (and ``critic``) on ``batch``; returns averaged ``algo/`` metrics. Micro-batches
-    hold at most ``micro_batch_size`` rows and ``max_tokens`` token slots (``length_buckets``).
+    hold at most ``micro_batch_size`` rows and ``max_tokens`` token slots (``length_buckets``); ``packed``:
+    each runs as one row without padding (``sleuth.train.forward.pack``), its budget counting real tokens.
     ``train_policy=False`` (the critic's warm-up): the critic alone is trained; the policy runs no
     forward, its optimizer and scheduler do not step."""
     B = batch.input_ids_BT.shape[0]
@@ -201,6 +205,7 @@ def policy_update(
     grad_norms, losses, value_losses = [], [], []
     lengths = batch.attention_mask_BT.sum(-1).tolist()
     lr = optimizer.param_groups[0]["lr"]  # the rate this update uses (the scheduler moves it after)
+    critic_lr = critic_optimizer.param_groups[0]["lr"] if critic_optimizer is not None else None
     for _ in range(epochs):
         perm = torch.randperm(B, generator=gen).tolist() if mini_batches > 1 else list(range(B))
         for m in range(mini_batches):
@@ -210,15 +215,15 @@ def policy_update(
             if critic_optimizer is not None:
                 critic_optimizer.zero_grad(set_to_none=True)
             finite, mb_loss, mb_value_loss = True, 0.0, 0.0
-            for local in length_buckets([lengths[i] for i in mb_rows], micro_batch_size, max_tokens):
+            for local in length_buckets([lengths[i] for i in mb_rows], micro_batch_size, max_tokens, packed=packed):
                 rows = [mb_rows[i] for i in local]
                 if train_policy:
                     loss, metrics, n_tokens = _micro_loss(policy, batch, rows, algo, max(denom, 1.0), temperature,
-                                                          norm_len)
+                                                          norm_len, packed)
                 else:
                     loss, metrics, n_tokens = torch.zeros((), device=device), {}, 0
                 if critic is not None:
-                    loss = loss + _critic_loss(critic, batch, rows, algo, max(denom, 1.0), norm_len, metrics)
+                    loss = loss + _critic_loss(critic, batch, rows, algo, max(denom, 1.0), norm_len, metrics, packed)
                     mb_value_loss += metrics.pop("algo/value_loss")  # shares of the mini-batch's: they add up
                 finite = finite and bool(torch.isfinite(loss))
                 (loss * world).backward()
@@ -252,6 +257,8 @@ def policy_update(
             steps += 1
     if scheduler is not None and train_policy:
         scheduler.step()
+    if critic_scheduler is not None:
+        critic_scheduler.step()
     out = {k: v / max(n_stats, 1) for k, v in sums.items()}
     out.update(_combine_token_metrics(token_sums, tokens, maxima, device))
     out["algo/loss"] = sum(losses) / len(losses) if losses else float("nan")
@@ -263,16 +270,20 @@ def policy_update(
         out["algo/critic_warmup"] = float(not train_policy)  # 1: a critic-only step
     out["algo/skipped_steps"] = skipped
     out["algo/lr"] = lr
+    if critic_lr is not None:
+        out["algo/critic_lr"] = critic_lr
     return out
 
 
-def _critic_loss(critic, b: UpdateBatch, rows, algo: AlgoConfig, denom: float, norm_len, metrics) -> torch.Tensor:
+def _critic_loss(critic, b: UpdateBatch, rows, algo: AlgoConfig, denom: float, norm_len, metrics,
+                 packed: bool = False) -> torch.Tensor:
     if b.returns_BT is None or b.old_values_BT is None:
         raise ValueError("a critic update needs returns and old values (algo.advantage=gae)")
     L = int(b.attention_mask_BT[rows].sum(-1).max())
     device = next(critic.parameters()).device
     idx = torch.tensor(rows, device=b.input_ids_BT.device)
-    values_BT = critic(b.input_ids_BT[idx, :L].to(device), b.attention_mask_BT[idx, :L].to(device))
+    values_BT = critic_values(critic, b.input_ids_BT[idx, :L].to(device), b.attention_mask_BT[idx, :L].to(device),
+                              packed=packed)
     loss, clipfrac = value_loss(
         values_BT, b.old_values_BT[idx, :L].to(device), b.returns_BT[idx, :L].to(device),
         b.loss_mask_BT[idx, :L].to(device), clip=algo.value_clip, agg=algo.loss_agg, norm_len=norm_len,

@@ -135,6 +135,33 @@ def test_a_config_that_cannot_fit_is_refused_naming_the_settings():
     check_plan(small, cfg)  # no error
 
 
+def test_offload_and_fsdp_phases_by_hand():
+    """P = 1e9, 10 layers, bf16, 4 FSDP ranks, a KL reference: the terms and phases computed by hand."""
+    shape = ModelShape(params=10**9, layers=10, hidden=1024, intermediate=4096, kv_dim=256, heads=8, head_dim=128,
+                       vocab=1000, chunked_head=True)
+    cfg = _cfg("bfloat16", rows=2, length=256, parallel="fsdp")
+    cfg.algo.kl_coef, cfg.algo.kl_mode = 0.001, "loss"
+    P, N = 10**9, 4
+    plain = make_plan(cfg, shape, world_size=N)
+    assert plain.items["AdamW state"] == 8 * P / N and plain.items["reference"] == 2 * P / N
+    assert plain.items["gathered weights"] == 4 * P * 3 / 4 + 2 * P  # float32 all-gathered + its bf16 copy
+    static = (4 + 8 + 2) * P / N
+    assert plain.rollout == static + 4 * P * 3 / 4 + 2 * P + plain.items["KV cache"]
+    assert plain.phases["reference pass"][0] == static + 2 * P * 3 / 4  # the reference gathered
+    assert "optimizer step" not in plain.phases
+    cfg.train.offload_optimizer = cfg.train.offload_reference = True
+    off = make_plan(cfg, shape, world_size=N)
+    assert off.items["AdamW state"] == 0 and off.items["reference"] == 0
+    static_off = 4 * P / N
+    assert off.phases["optimizer step"][0] == static_off + 4 * P / N + 8 * P / N
+    assert off.phases["reference pass"][0] == static_off + 2 * P  # the whole reference visits
+    assert off.update == plain.update - (8 + 2) * P / N
+    assert "offloaded" in off.table() and "optimizer step phase" in off.table()
+    # one process, no offload: no reference-pass or optimizer-step phase, no gathered weights
+    one = make_plan(_cfg("bfloat16", rows=2, length=256), shape)
+    assert set(one.phases) == {"rollout", "update"} and "gathered weights" not in one.items
+
+
 def test_sleuth_train_plan_prints_and_a_run_that_cannot_fit_is_refused_before_loading(tmp_path, capsys):
     import json
 

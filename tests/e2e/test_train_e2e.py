@@ -94,11 +94,15 @@ def test_train_changes_every_parameter_and_logs(world, tmp_path):
     assert all(changed), f"{changed.count(False)} parameter tensors did not change"
 
 
-def test_resume_matches_uninterrupted_run(world, tmp_path):
+@pytest.mark.parametrize("extra", [[], ["algo.advantage=gae", "train.critic_lr_warmup_steps=3", "train.critic_lr=0.01",
+                                    "train.offload_optimizer=true"]], ids=["grpo", "ppo"])
+def test_resume_matches_uninterrupted_run(world, tmp_path, extra):
+    """(ppo: the critic's optimizer and learning-rate warm-up resume too.)"""
     full, part = tmp_path / "full", tmp_path / "part"
-    assert main(_args(world, full, 4, ["train.eval_every=0"])) == 0
-    assert main(_args(world, part, 2, ["train.eval_every=0"])) == 0  # stopped at step 2 (checkpoint)
-    assert main(_args(world, part, 4, ["train.eval_every=0"]) + ["--resume"]) == 0
+    extra = ["train.eval_every=0", *extra]
+    assert main(_args(world, full, 4, extra)) == 0
+    assert main(_args(world, part, 2, extra)) == 0  # stopped at step 2 (checkpoint)
+    assert main(_args(world, part, 4, extra) + ["--resume"]) == 0
     a, b = _metrics(full), _metrics(part)
     assert [r["step"] for r in b] == [1, 2, 3, 4]
     for ra, rb in zip(a, b):
@@ -110,6 +114,37 @@ def test_resume_matches_uninterrupted_run(world, tmp_path):
             assert ra[k] == pytest.approx(rb[k], rel=1e-6, abs=1e-7), (ra["step"], k)
 
 
+def test_a_packed_run_logs_what_the_padded_run_logs(world, tmp_path):
+    """train.remove_padding: the reference, critic and update passes run packed rows; the first
+    step's figures (measured before its one optimizer step) equal the padded run's, float rounding
+    apart, and no padding is computed. (Rounding-level gradients, which AdamW scales up to a full
+    step, make later figures differ.)"""
+    runs = {}
+    for packed in (False, True):
+        out = tmp_path / f"packed_{packed}"
+        extra = ["algo.advantage=gae", "train.eval_every=0", "train.eval_limit=1", "train.lr=0.1",
+                 "train.max_tokens_per_micro_batch=200", f"train.remove_padding={str(packed).lower()}"]
+        assert main(_args(world, out, 1, extra)) == 0
+        runs[packed] = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    padded, packed = runs[False], runs[True]
+    assert padded["perf/padding_share"] > 0 and packed["perf/padding_share"] == 0.0
+    for k in ("algo/loss", "algo/value_loss", "algo/kl", "algo/entropy", "algo/ratio_max", "reward/mean"):
+        assert packed[k] == pytest.approx(padded[k], rel=1e-5, abs=1e-6), k
+
+
+def test_offload_options_change_no_figure(world, tmp_path):
+    """train.offload_optimizer / offload_reference (no-ops for memory on a CPU): the hooks and the
+    checkpoint path run, and every figure equals the plain run's, bit for bit."""
+    runs = []
+    for offload in ("false", "true"):
+        out = tmp_path / f"offload_{offload}"
+        extra = ["train.eval_every=0", "train.save_every=1", "train.mini_batches=2",
+                 f"train.offload_optimizer={offload}", f"train.offload_reference={offload}"]
+        assert main(_args(world, out, 2, extra)) == 0
+        runs.append(_metrics(out))
+    assert runs[0] == runs[1] and len(runs[0]) == 2
+
+
 @pytest.mark.parametrize("advantage", ["gae", "reinforce_pp", "rloo"])
 def test_other_estimators_train(world, tmp_path, advantage):
     """PPO with a critic (GAE), REINFORCE++ (KL in the reward) and RLOO each run an update."""
@@ -118,12 +153,14 @@ def test_other_estimators_train(world, tmp_path, advantage):
     if advantage != "rloo":
         extra += ["algo.kl_mode=reward", "algo.kl_estimator=k1"]
     if advantage == "gae":
-        extra += ["train.critic_warmup_steps=1"]
+        extra += ["train.critic_warmup_steps=1", "train.critic_lr_warmup_steps=2", "train.warmup_from_zero=true",
+                  "train.critic_lr=0.001"]
     assert main(_args(world, out, 2, extra)) == 0
     rows = _metrics(out)
     assert [r["algo/optimizer_steps"] for r in rows] == [1, 1] and torch.isfinite(torch.tensor(rows[-1]["algo/loss"]))
     if advantage == "gae":  # step 1 trains the critic alone, step 2 both
         assert [r["algo/critic_warmup"] for r in rows] == [1.0, 0.0]
+        assert [r["algo/critic_lr"] for r in rows] == pytest.approx([0.0, 0.0005])  # (k - 1) / 2 of 0.001
         assert all("algo/value_loss" in r for r in rows)
         assert (out / "checkpoints" / "step_000002" / "critic.pt").exists()
     assert any((out / "tensorboard").iterdir())

@@ -24,11 +24,19 @@ TABLE = [
     ("train.micro_batch_size", 8, 8, "ppo_micro_batch_size=64 (global): 64 // 8 per rank, fsdp_workers.py:98-101"),
     ("train.lr", 1e-6, 1e-6, "actor_rollout_ref.actor.optim.lr=1e-6"),
     ("train.warmup_steps", 286, 286, "lr_warmup_steps_ratio=0.285 x total_training_steps=1005; fsdp_workers.py:236-240"),
+    ("train.warmup_from_zero", True, True, "get_constant_schedule_with_warmup: lr x (k - 1) / 286 at step k, "
+     "fsdp_workers.py:240; verl/utils/torch_functional.py:428-429"),
     ("train.schedule", "constant", "constant", "get_constant_schedule_with_warmup, fsdp_workers.py:240"),
     ("train.weight_decay", 0.01, 0.01, "AdamW weight_decay 1e-2 default, fsdp_workers.py:229-232"),
     ("train.grad_clip", 1.0, 1.0, "actor.grad_clip: 1.0, ppo_trainer.yaml:32"),
     ("train.total_steps", 1004, 1004, "total_training_steps=1005; ray_trainer.py:843-846 stops at global_steps >= 1005"),
     ("train.grad_checkpointing", True, True, "enable_gradient_checkpointing=true"),
+    ("train.parallel", "fsdp", "fsdp", "actor/ref/critic workers are FSDP, verl/workers/fsdp_workers.py"),
+    ("train.remove_padding", True, True, "actor_rollout_ref.model.use_remove_padding=True, train_grpo.sh:44, "
+     "train_ppo.sh:45 (critic.model.use_remove_padding=True, :62)"),
+    ("train.offload_optimizer", True, True, "actor.fsdp_config.optimizer_offload=true, train_grpo.sh:52, "
+     "train_ppo.sh:51 (critic's, :69)"),
+    ("train.offload_reference", True, True, "ref.fsdp_config.param_offload=True, train_grpo.sh:58, train_ppo.sh:57"),
     ("train.save_every", 100, 100, "trainer.save_freq=100"),
     ("train.eval_every", 50, 50, "trainer.test_freq=50"),
     ("rollout.max_turns", 2, 2, "max_turns=2 (generation.py: 2 searching turns + a final one)"),
@@ -51,6 +59,7 @@ TABLE = [
 ]
 PPO_ONLY = [
     ("train.critic_lr", 1e-5, "critic.optim.lr=1e-5"),
+    ("train.critic_lr_warmup_steps", 15, "critic.optim.lr_warmup_steps_ratio=0.015 x 1005; fsdp_workers.py:670-678"),
     ("train.critic_warmup_steps", 0, "trainer.critic_warmup=0; ray_trainer.py:815"),
     ("algo.gamma", 1.0, "algorithm.gamma: 1.0, ppo_trainer.yaml:153"),
     ("algo.lam", 1.0, "algorithm.lam: 1.0, ppo_trainer.yaml:154"),
