@@ -32,6 +32,7 @@ logprob conventions.
 
 from __future__ import annotations
 
+import inspect
 import os
 from contextlib import contextmanager
 
@@ -107,6 +108,7 @@ class HFBackend:
         # decode steps pass the (B, 1, 1, W) boolean mask SDPA takes instead of having it rebuilt
         self._mask_4d = self.reuse_prefix and getattr(model.config, "_attn_implementation", None) == "sdpa"
         self._could_stop: dict[tuple[str, ...], dict[int, bool]] = {}
+        self._cache_kw = cache_kwarg(model)
 
     @classmethod
     def from_pretrained(cls, name_or_path: str, dtype: str = "float32", device: str = "auto", **kwargs):
@@ -185,7 +187,7 @@ class HFBackend:
             mask = mask_BW[:, None, None, :width] if self._mask_4d else mask_BW[:, :width]
             out = self.model(
                 input_ids=tokens_B[:, None], attention_mask=mask, position_ids=next_pos_B[:, None],
-                past_key_values=cache, use_cache=True,
+                use_cache=True, **{self._cache_kw: cache},
             )  # fmt: skip
             logits_BV, next_pos_B = out.logits[:, -1], next_pos_B + 1
 
@@ -248,7 +250,7 @@ class HFBackend:
             cache = DynamicCache(config=self.model.config)
         out = self.model(
             input_ids=ids_BN, attention_mask=mask_BW[:, : P + N], position_ids=pos_BN,
-            past_key_values=cache, use_cache=True, logits_to_keep=1,
+            use_cache=True, logits_to_keep=1, **{self._cache_kw: cache},
         )  # fmt: skip
         return cache, mask_BW, P + N, (len_B1 + new_B1).squeeze(1), out.logits[:, -1]
 
@@ -273,8 +275,8 @@ class HFBackend:
         cache = DynamicCache(config=self.model.config)
         ids_1L = torch.tensor([ids], dtype=torch.long, device=self.device)
         pos_1L = torch.arange(len(ids), device=self.device)[None]
-        self.model(input_ids=ids_1L, position_ids=pos_1L, past_key_values=cache, use_cache=True,
-                   logits_to_keep=1)  # fmt: skip
+        self.model(input_ids=ids_1L, position_ids=pos_1L, use_cache=True, logits_to_keep=1,
+                   **{self._cache_kw: cache})  # fmt: skip
         return [(layer.keys[0], layer.values[0]) for layer in cache.layers]
 
     def _stash(self, cache, mask_BL, done: list[tuple[int, int]], prompts, results) -> None:
@@ -305,6 +307,15 @@ class HFBackend:
             return v
 
         return could_stop
+
+
+def cache_kwarg(model) -> str:
+    """The name under which the model's forward takes a KV cache: ``cache`` (transformers >= 5.20;
+    ``past_key_values`` is deprecated there) or ``past_key_values`` (earlier releases, e.g. the
+    5.16-5.19 that vLLM 0.32 requires)."""
+    base = getattr(model, "get_base_model", None)  # peft: the wrapped model's own forward
+    inner = base() if callable(base) else model
+    return "cache" if "cache" in inspect.signature(inner.forward).parameters else "past_key_values"
 
 
 def eos_ids(model, tokenizer) -> list[int]:

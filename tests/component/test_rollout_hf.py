@@ -202,3 +202,24 @@ def test_cuda_greedy_matches_cpu(tok, model):
     assert [r.token_ids for r in gpu] == [r.token_ids for r in cpu]
     sampled = HFBackend(gpu_model, tok).generate(prompts, SamplingParams(max_new_tokens=8), seeds=[1, 2, 3])
     assert all(len(r.token_ids) > 0 for r in sampled)
+
+
+def test_the_cache_goes_under_the_name_this_transformers_takes(model, tok):
+    """transformers >= 5.20 takes ``cache`` (``past_key_values`` is deprecated, removed in 5.40);
+    5.16-5.19 (vLLM 0.32's range) take ``past_key_values``. Generation warns about neither."""
+    import inspect
+    import warnings
+
+    from sleuth.rollout.hf_backend import cache_kwarg
+
+    takes = inspect.signature(model.forward).parameters
+    assert cache_kwarg(model) == ("cache" if "cache" in takes else "past_key_values")
+
+    class Old(torch.nn.Module):
+        def forward(self, input_ids=None, past_key_values=None, use_cache=None):
+            return None
+
+    assert cache_kwarg(Old()) == "past_key_values"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        HFBackend(model, tok).generate([[5, 6, 7]], SamplingParams(max_new_tokens=3, greedy=True))
