@@ -155,10 +155,16 @@ def _wall(out: Path) -> list[str]:
     path = out / "times.tsv"
     if not path.is_file():
         return []
-    lines = ["| stage | wall time |", "|---|---|"]
+    total: dict[str, float] = {}  # a rerun of the script (it resumes) appends its stages again: summed
+    runs: dict[str, int] = {}
     for line in path.read_text().splitlines():
         stage, seconds = line.split("\t")
-        lines.append(f"| {stage} | {float(seconds) / 60:.1f} min |")
+        total[stage] = total.get(stage, 0.0) + float(seconds)
+        runs[stage] = runs.get(stage, 0) + 1
+    lines = ["| stage | wall time |", "|---|---|"]
+    for stage, seconds in total.items():
+        note = f" ({runs[stage]} invocations, summed)" if runs[stage] > 1 else ""
+        lines.append(f"| {stage} | {seconds / 60:.1f} min{note} |")
     return lines
 
 

@@ -31,6 +31,7 @@ from sleuth.errors import UserError
 from sleuth.rollout.backends import GenerationResult, SamplingParams, check_prompts, finish_from_server, row_caps
 from sleuth.rollout.hf_backend import eos_ids  # the same eos set as the HF backend
 
+MAX_TEMPERATURE = 2.0  # vLLM 0.32/0.33 SamplingParams refuse a higher temperature
 INSTALL_HINT = "pip install 'sleuth[gpu]' on a CUDA machine, or set rollout.backend=hf"
 # where the model lives in a vLLM engine built in this process (newest first)
 MODEL_PATHS = (
@@ -87,6 +88,9 @@ class VLLMBackend:
         if world_size > 1:
             raise UserError(f"rollout.backend=vllm runs in one process; this run has {world_size} ranks "
                             "(use rollout.backend=hf under torchrun)")
+        if rollout.temperature > MAX_TEMPERATURE:
+            raise UserError(f"rollout.temperature={rollout.temperature}: vLLM samples at temperatures up to "
+                            f"{MAX_TEMPERATURE} (it refuses higher ones); lower it or use rollout.backend=hf")
         try:
             import vllm  # noqa: F401
         except ImportError as e:
@@ -122,6 +126,9 @@ class VLLMBackend:
 
     def _params(self, params: SamplingParams, seed: int | None, cap: int):
         import vllm
+
+        if not params.is_greedy and params.temperature > MAX_TEMPERATURE:
+            raise ValueError(f"temperature {params.temperature}: vLLM samples at temperatures up to {MAX_TEMPERATURE}")
 
         return vllm.SamplingParams(
             n=1,

@@ -222,6 +222,9 @@ def test_no_cuda_and_unknown_backend_errors(world, tmp_path, monkeypatch):
         Trainer(make_config(world), tmp_path / "a", progress=False)
     with pytest.raises(ValueError, match=r"rollout.backend: 'sglang' is not one of \['hf', 'vllm'\]"):
         Trainer(make_config(world, rollout__backend="sglang"), tmp_path / "b", progress=False)
+    monkeypatch.setattr(vllm_backend, "cuda_available", lambda: True)
+    with pytest.raises(UserError, match=r"rollout.temperature=2.5: vLLM samples at temperatures up to 2.0"):
+        Trainer(make_config(world, rollout__temperature=2.5), tmp_path / "c", progress=False)
 
 
 @pytest.mark.gpu

@@ -77,7 +77,9 @@ def test_the_summary_tables_every_evaluation_and_compares_rl_with_sft(tmp_path):
     _eval_dir(tmp_path / "eval" / "sft_search", rows(sft, 1))
     _eval_dir(tmp_path / "eval" / "rl_search", rows(rl, 2))
     _eval_dir(tmp_path / "eval" / "rl_direct", rows([(s, 0.0) for s, _ in rl[:3]] + [("hotpotqa", 1.0)], 0))
+    (tmp_path / "times.tsv").write_text("sft\t600\neval sft (search)\t60\nsft\t30\ngrpo\t120\n")  # resumed once
     text = write_summary(tmp_path).read_text()
+    assert "| sft | 10.5 min (2 invocations, summed) |\n| eval sft (search) | 1.0 min |\n| grpo | 2.0 min |" in text
     assert "| SFT | search | 0.000 | 0.500 | 0.000 | 0.500 | 0.250 | 1.00 |" in text  # hotpotqa, nq columns
     assert "| SFT+RL | search | 0.500 | 1.000 | 0.500 | 1.000 | 0.750 | 2.00 |" in text
     assert "| SFT+RL | no search | 0.500 | 0.000 |" in text and "| base |" not in text
