@@ -162,14 +162,19 @@ def supports_chunked_head(model) -> bool:
 
 
 @contextlib.contextmanager
-def scoring_head(model, tokens_N: torch.Tensor, *, temperature: float, with_entropy: bool, chunk: int | None = None):
+def scoring_head(model, tokens_N: torch.Tensor, *, temperature: float, with_entropy: bool, chunk: int | None = None,
+                 keep_BT: torch.Tensor | None = None):
     """Within, the model's output layer returns ``[N, 2]`` (logprob of ``tokens_N``, entropy) for the
     [N, H] hidden states the model's forward gives it (``logits_to_keep`` as a boolean mask of N
-    positions), computed by :func:`chunked_head_logprobs`. The weight is read at call time (FSDP2
-    unshards it for the forward)."""
+    positions), computed by :func:`chunked_head_logprobs`. With ``keep_BT`` (transformers before 5.20
+    take no boolean ``logits_to_keep``; the model then gives its output layer every position) the
+    layer takes the [B, T, H] hidden states and keeps the True positions of ``keep_BT`` itself. The
+    weight is read at call time (FSDP2 unshards it for the forward)."""
     head = _inner(model).get_output_embeddings()
 
     def forward(hidden_NH: torch.Tensor) -> torch.Tensor:
+        if keep_BT is not None and hidden_NH.shape[:-1] == keep_BT.shape:
+            hidden_NH = hidden_NH[keep_BT]  # [B, T, H] -> [N, H], before any vocabulary-sized tensor
         if hidden_NH.dim() != 2:
             raise RuntimeError("scoring_head: the model gave its output layer "
                                f"{list(hidden_NH.shape)} hidden states, expected [N, H] (a boolean logits_to_keep)")

@@ -12,7 +12,9 @@ peft wrappers see an ordinary call). The prompt, the ``<information>`` blocks an
 no vocabulary projection, no log-softmax and no entropy; their columns hold 0. For model families
 whose output layer is a plain linear map (``sleuth.train.chunked_head``), the output layer, the
 log-softmax and the entropy run chunk by chunk inside one autograd Function that recomputes them in
-backward, so a micro-batch's [N, V] logits are never held with their graph.
+backward, so a micro-batch's [N, V] logits are never held with their graph. (transformers before
+5.20 take no boolean ``logits_to_keep``: the model then computes every position's logits and they
+are selected after, except in the chunked output layer, which selects the hidden states itself.)
 
 Packing (``packed=True``, ``train.remove_padding``; verl's ``use_remove_padding``): a micro-batch's
 rows are concatenated, padding removed, into one row of ``sum(lengths)`` tokens whose position ids
@@ -195,9 +197,10 @@ def _needed_logprobs(model, input_ids_BT, attention_mask_BT, positions_BT, neede
     if empty:  # one position anyway, so the loss still has a graph (DDP ranks all run the backward)
         keep_BT[0, 0] = True
     tokens_1N = input_ids_BT[:, 1:][needed_BT[:, 1:]][None]
-    if _keeps_masked_logits() and supports_chunked_head(model):  # never the [N, V] logits with their graph
+    if supports_chunked_head(model):  # never the [N, V] logits with their graph
         scored_tokens_N = input_ids_BT[0, :1] if empty else tokens_1N[0]  # any valid id for the anchor
-        with scoring_head(model, scored_tokens_N, temperature=temperature, with_entropy=with_entropy):
+        select = None if _keeps_masked_logits() else keep_BT  # older transformers: the head selects
+        with scoring_head(model, scored_tokens_N, temperature=temperature, with_entropy=with_entropy, keep_BT=select):
             scored_N2 = selected_logits(model, input_ids_BT, attention_mask_BT, positions_BT, keep_BT)
         anchor = 0.0 * scored_N2.sum() if empty else None
         scored_1N2 = (scored_N2[:0] if empty else scored_N2)[None]

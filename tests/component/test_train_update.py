@@ -217,11 +217,17 @@ def test_output_layer_runs_only_at_needed_positions():
     tok = tiny_tokenizer()
     ids, att, loss_mask = _batch(tok)
     full_model, part_model = tiny_model(tok, seed=1).train(), tiny_model(tok, seed=1).train()
+    from sleuth.train.forward import _keeps_masked_logits
+
     seen = []
-    part_model.lm_head.register_forward_hook(lambda mod, args, out: seen.append(args[0].shape))
+    part_model.lm_head.register_forward_hook(lambda mod, args, out: seen.append((args[0].shape, out.shape)))
     lp_a, ent_a = token_logprobs(full_model, ids, att, temperature=0.7, with_entropy=True)
     lp_b, ent_b = token_logprobs(part_model, ids, att, temperature=0.7, with_entropy=True, needed_BT=loss_mask)
-    assert seen == [torch.Size([int(loss_mask.sum()), full_model.config.hidden_size])]
+    N, H = int(loss_mask.sum()), full_model.config.hidden_size
+    # transformers >= 5.20 gives the layer the needed positions; before, every position, and the
+    # layer keeps the needed ones itself: either way it outputs (logprob, entropy) for N positions
+    given = torch.Size([N, H]) if _keeps_masked_logits() else ids.shape + (H,)
+    assert seen == [(given, torch.Size([N, 2]))]
     keep = loss_mask.bool()
     torch.testing.assert_close(lp_b[keep], lp_a[keep], atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(ent_b[keep], ent_a[keep], atol=1e-6, rtol=1e-6)
