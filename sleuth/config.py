@@ -229,8 +229,11 @@ class TrainConfig:
     remove_padding: Bool = False
     """Run each micro-batch (update, and the no-gradient passes: old policy, reference, critic) as one row without
     padding: its rows concatenated, position ids restarting at each row, attention kept within each row (verl's
-    ``use_remove_padding``). No compute goes to padding, and ``max_tokens_per_micro_batch`` counts real tokens. For
-    the Llama, Mistral, Qwen2/Qwen3, SmolLM3 and OLMo2 families (eager, SDPA or flash attention); other models run
+    ``use_remove_padding``). The layers outside attention compute no padding, and ``max_tokens_per_micro_batch``
+    counts real tokens. Attention: flash-attention kernels run each row on its own; eager and SDPA (the default
+    attention here) compute the whole packed row against a block-diagonal [N, N] mask, so their attention cost
+    grows with the square of the packed length: worth it for rows of very different lengths, not for long
+    micro-batches of similar rows. For the Llama, Mistral, Qwen2/Qwen3, SmolLM3 and OLMo2 families; other models run
     padded, with a warning."""
     mini_batches: Annotated[Int, Field(ge=1)] = 1
     """Optimizer steps per rollout batch (PPO mini-batches): each rank splits its rows into this many, so a

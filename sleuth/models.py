@@ -131,14 +131,20 @@ def pick_device(device: str = "auto") -> torch.device:
     return torch.device(check_device(device, flag="--device / model.device"))
 
 
-def compute_autocast(dtype: str, device: torch.device | str):
+def compute_autocast(dtype: str, device: torch.device | str, *, cache: bool = True):
     """The context a training run computes in: float32 needs none; bfloat16 / float16 run the
     forwards (rollout, logprobs, the update's forward and backward) under ``torch.autocast`` while
     the parameters and the optimizer state stay float32 (master weights). Without them, a bf16
-    step at lr 1e-6 rounds away almost every update (bf16 keeps 8 bits of mantissa)."""
+    step at lr 1e-6 rounds away almost every update (bf16 keeps 8 bits of mantissa).
+
+    ``cache``: autocast keeps the low-precision copy of each weight it casts until the context
+    exits (one cast per step for generation); it does not see in-place updates, so whoever steps an
+    optimizer inside calls ``torch.clear_autocast_cache()`` (``policy_update`` does). ``cache=False``
+    casts at each use: under FSDP the update runs so, else the cache would gather a full copy of the
+    sharded model."""
     if DTYPES[dtype] == torch.float32:
         return contextlib.nullcontext()
-    return torch.autocast(device_type=torch.device(device).type, dtype=DTYPES[dtype])
+    return torch.autocast(device_type=torch.device(device).type, dtype=DTYPES[dtype], cache_enabled=cache)
 
 
 def load_tokenizer(source: ModelSource):

@@ -131,7 +131,7 @@ def _eval(args) -> int:
     if args.limit is not None and args.limit < 1:
         raise UserError(f"--limit must be >= 1, got {args.limit}")
     resolve_run_defaults(args)
-    resolve_dtype(args)  # before the setting is recorded: a resumed eval compares the dtype it ran in
+    resolve_dtype(args, args.out)  # before the setting is recorded (a resumed eval keeps the dtype it ran in)
     if bool(args.judge_url) != bool(args.judge_model):
         raise UserError("--judge-url and --judge-model go together")
     rcfg, fmt = protocol(args)

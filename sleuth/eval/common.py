@@ -130,8 +130,19 @@ def open_retriever(args, desc: dict, *, cache: bool = False, cache_dir: str | No
     return retriever
 
 
-def resolve_dtype(args) -> str:
-    """``--dtype auto`` -> bfloat16 on a CUDA device that supports it, else float32 (set on ``args``)."""
+def resolve_dtype(args, out=None) -> str:
+    """``--dtype auto`` -> the dtype an eval already in ``out`` ran in (a resume continues in it), else
+    bfloat16 on a CUDA device that supports it, else float32 (set on ``args``)."""
+    if args.dtype == "auto" and out is not None:
+        import json
+
+        setting = Path(out) / "setting.json"
+        try:
+            recorded = json.loads(setting.read_text()).get("dtype") if setting.is_file() else None
+        except (OSError, ValueError, AttributeError):
+            recorded = None  # check_setting names a damaged file
+        if recorded in ("float32", "bfloat16", "float16"):
+            args.dtype = recorded
     if args.dtype == "auto":
         import torch  # lazy: torch (~2 s) at `sleuth --help`
 

@@ -191,15 +191,16 @@ class Trainer:
         batch = UpdateBatch(ids, att, mask, adv, old, sampler_logprobs_BT=rb.old_logprobs_BT.to(device),
                             ref_logprobs_BT=ref, returns_BT=returns, old_values_BT=values)
         self.policy.train()
-        metrics.update(policy_update(
-            self.state.model, self.optimizer, batch, cfg.algo, micro_batch_size=mbs[0], max_tokens=mbs[1],
-            mini_batches=tc.mini_batches,
-            epochs=tc.epochs, grad_clip=tc.grad_clip, temperature=temp, scheduler=self.state.scheduler,
-            seed=tc.seed * 1_000_003 + self.step, critic=self.state.critic_model, critic_optimizer=self.state.critic_opt,
-            critic_scheduler=self.state.critic_scheduler,
-            norm_len=cfg.rollout.max_context_tokens, train_policy=not 0 < self.step <= tc.critic_warmup_steps,
-            packed=self.packed,
-        ))
+        # FSDP: the update casts weights at each use (an autocast cache would gather a full copy of the model)
+        with compute_autocast(cfg.model.dtype, self.state.compute_device, cache=not self.state.sharded):
+            metrics.update(policy_update(
+                self.state.model, self.optimizer, batch, cfg.algo, micro_batch_size=mbs[0], max_tokens=mbs[1],
+                mini_batches=tc.mini_batches, epochs=tc.epochs, grad_clip=tc.grad_clip, temperature=temp,
+                scheduler=self.state.scheduler, seed=tc.seed * 1_000_003 + self.step, critic=self.state.critic_model,
+                critic_optimizer=self.state.critic_opt, critic_scheduler=self.state.critic_scheduler,
+                norm_len=cfg.rollout.max_context_tokens, train_policy=not 0 < self.step <= tc.critic_warmup_steps,
+                packed=self.packed,
+            ))
         if self.vllm is not None:  # the next rollout samples from the updated weights
             t_sync = time.perf_counter()
             self.vllm.sync_weights(self.policy)

@@ -10,7 +10,8 @@ What is counted (bytes per rank; P parameters, P_t trainable, N ranks, FSDP divi
 
 * master weights: float32 policy parameters (``4 P``, ``/ N`` under FSDP);
 * compute copy: under autocast (``model.dtype`` bfloat16/float16) the weights cast once per step
-  (``2 P``; FSDP gathers one block at a time, so a full copy is not held there);
+  (``2 P``; under FSDP the update casts at each use, one block's casts held at a time with gradient
+  checkpointing, every block's without);
 * gradients ``4 P_t`` and AdamW state ``8 P_t`` (``/ N`` under FSDP; with ``train.offload_optimizer``
   the state is on the device at the optimizer step only);
 * reference: a frozen copy in ``model.dtype`` (none with LoRA, none without a KL term; with
@@ -25,6 +26,7 @@ What is counted (bytes per rank; P parameters, P_t trainable, N ranks, FSDP divi
   size, I the MLP's, KV = key-value heads x head size, A attention heads), plus ``8 H + 4 D + 12``
   outside the blocks (embeddings, final norm, rotary tables; D head size); with gradient
   checkpointing the blocks' inputs (``4 H``) plus one block recomputed; doubled with a critic;
+* with ``train.remove_padding``, the packed row's [M, M] boolean attention mask (eager/SDPA);
 * the output layer of a micro-batch: two [C, V] float32 blocks with the chunked head
   (``sleuth.train.chunked_head``), else ``20 V`` bytes per scored token (every token, an upper bound);
 * KV cache of generation: ``rows x max_context_tokens x 2 x layers x KV x dtype bytes`` for the rows
@@ -33,8 +35,8 @@ What is counted (bytes per rank; P parameters, P_t trainable, N ranks, FSDP divi
 Static = master weights + the AdamW state, reference and critic held on the device. Peak = the
 largest phase: rollout (static + compute copy, or under FSDP the gathered weights, + KV cache),
 update (static + compute copy + gradients + activations + output layer), the reference pass (under
-FSDP or offloaded: static + the whole reference) and, with the optimizer offloaded, the optimizer
-step (static + gradients + AdamW state). Allocator caching and fragmentation, CUDA context and
+FSDP or offloaded: static + the whole reference) and the optimizer step (static + gradients +
+AdamW's foreach temporaries, 4 bytes per trainable parameter, + the AdamW state when offloaded). Allocator caching and fragmentation, CUDA context and
 library workspaces are not in it: the check keeps 10% of the device free for them.
 """
 
@@ -202,8 +204,8 @@ def make_plan(cfg: Config, shape: ModelShape, *, world_size: int = 1, capacity: 
     static = sum(it.values())
 
     copy = compute * P if compute != 4 and not fsdp else 0.0
-    if fsdp and compute != 4:
-        copy = compute * P / shape.layers  # one gathered block at a time
+    if fsdp and compute != 4:  # the update casts at each use; the casts are saved for backward per block
+        copy = compute * P / shape.layers if tc.grad_checkpointing else compute * P
     it["compute copy"] = copy
     notes["compute copy"] = f"{mc.dtype} weights under autocast" if copy else "none (float32 compute)"
     # FSDP: generation runs on the full weights, every block all-gathered (sleuth.train.distributed.gathered)
@@ -217,6 +219,9 @@ def make_plan(cfg: Config, shape: ModelShape, *, world_size: int = 1, capacity: 
     it["activations"] = per_token * tokens * (2 if critic else 1)
     notes["activations"] = (f"{tokens} tokens per micro-batch x {per_token / 2**10:.0f} KiB"
                             + (", checkpointed" if tc.grad_checkpointing else "") + (", policy + critic" if critic else ""))
+    if tc.remove_padding:  # eager/SDPA: the packed row's [N, N] block-diagonal mask (flash attention needs none)
+        it["packed-row mask"] = float(tokens) ** 2
+        notes["packed-row mask"] = f"[{tokens}, {tokens}] booleans (eager/SDPA attention)"
     if shape.chunked_head:
         from sleuth.train.chunked_head import chunk_positions  # lazy: only for chunked heads
 
@@ -232,14 +237,19 @@ def make_plan(cfg: Config, shape: ModelShape, *, world_size: int = 1, capacity: 
     notes["KV cache"] = f"{gen_rows} rows x {rc.max_context_tokens} tokens generating at once"
     plan.phases["rollout"] = (static + (gathered if fsdp else copy) + it["KV cache"],
                               "static + " + ("gathered weights" if fsdp else "compute copy") + " + KV cache")
-    plan.phases["update"] = (static + copy + it["gradients"] + it["activations"] + it["output layer"],
-                             "static + compute copy + gradients + activations + output layer")
+    plan.phases["update"] = (static + copy + it["gradients"] + it["activations"] + it["output layer"]
+                             + it.get("packed-row mask", 0.0),
+                             "static + compute copy + gradients + activations + output layer"
+                             + (" + packed-row mask" if tc.remove_padding else ""))
     if use_ref and (fsdp or tc.offload_reference):  # the whole reference on the device for its pass
         visiting = ref_bytes if tc.offload_reference else ref_bytes * (shard - 1) / shard
         plan.phases["reference pass"] = (static + visiting, "static + the whole reference"
                                          + (" (brought from CPU memory)" if tc.offload_reference else " (gathered)"))
-    if tc.offload_optimizer:
-        plan.phases["optimizer step"] = (static + it["gradients"] + adam, "static + gradients + AdamW state")
+    # AdamW's foreach step allocates one temporary per trainable parameter (sqrt of the second moment)
+    step_temp = 4 * (trainable + (P if critic else 0)) / shard
+    plan.phases["optimizer step"] = (static + it["gradients"] + step_temp + (adam if tc.offload_optimizer else 0.0),
+                                     "static + gradients + " + ("AdamW state + " if tc.offload_optimizer else "")
+                                     + "AdamW's temporaries")
     plan.peak = max(value for value, _ in plan.phases.values())
     return plan
 

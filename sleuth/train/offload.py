@@ -59,24 +59,33 @@ def offload_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer
     if getattr(optimizer, "_sleuth_offloaded", False):
         return optimizer
     optimizer.register_step_pre_hook(lambda opt, args, kwargs: state_to_params(opt))
-    optimizer.register_step_post_hook(lambda opt, args, kwargs: state_to_home(opt))
-    optimizer.register_load_state_dict_post_hook(lambda opt: state_to_home(opt))
+    optimizer.register_step_post_hook(lambda opt, args, kwargs: _home_unless_held(opt))
+    optimizer.register_load_state_dict_post_hook(lambda opt: _home_unless_held(opt))
     optimizer._sleuth_offloaded = True
+    optimizer._sleuth_held = 0  # > 0 inside state_on_params: the state stays on the device
     state_to_home(optimizer)
     return optimizer
+
+
+def _home_unless_held(optimizer: torch.optim.Optimizer) -> None:
+    if not getattr(optimizer, "_sleuth_held", 0):
+        state_to_home(optimizer)
 
 
 @contextlib.contextmanager
 def state_on_params(optimizer: torch.optim.Optimizer | None) -> Iterator[None]:
     """Within, an offloaded optimizer's state is on its parameters' devices (e.g. for FSDP's
-    state-dict collectives at a checkpoint); a no-op for others."""
+    state-dict collectives at a checkpoint, which may also create the state with a zero-rate step:
+    the hooks leave it there); a no-op for others."""
     if optimizer is None or not getattr(optimizer, "_sleuth_offloaded", False):
         yield
         return
     state_to_params(optimizer)
+    optimizer._sleuth_held += 1
     try:
         yield
     finally:
+        optimizer._sleuth_held -= 1
         state_to_home(optimizer)
 
 

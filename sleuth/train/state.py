@@ -183,7 +183,10 @@ def restore_state(s: TrainState, ckpt: Path) -> dict:
     if s.critic is not None:
         par.load_model_state(s.critic, load_checkpoint_file(ckpt, "critic.pt"))
         load_optimizer_state(s.critic, s.critic_opt, ts["critic_optimizer"], where=ckpt)
-        if ts.get("critic_scheduler") is not None:  # checkpoints before train.critic_lr_warmup_steps lack it
+        if ts.get("critic_scheduler") is not None:
             s.critic_scheduler.load_state_dict(ts["critic_scheduler"])
+        else:  # a checkpoint from before train.critic_lr_warmup_steps: one scheduler step per update done
+            for _ in range(int(ts["step"])):
+                s.critic_scheduler.step()
     set_rng_state(ts["rng"])
     return ts

@@ -215,8 +215,15 @@ def policy_update(
             if critic_optimizer is not None:
                 critic_optimizer.zero_grad(set_to_none=True)
             finite, mb_loss, mb_value_loss = True, 0.0, 0.0
-            for local in length_buckets([lengths[i] for i in mb_rows], micro_batch_size, max_tokens, packed=packed):
-                rows = [mb_rows[i] for i in local]
+            buckets = length_buckets([lengths[i] for i in mb_rows], micro_batch_size, max_tokens, packed=packed)
+            # every rank runs as many forward/backward passes as the rank with the most micro-batches (a token
+            # budget splits ranks' rows differently): DDP and FSDP collectives must pair up. Extra passes
+            # run one row at weight 0 and count for nothing.
+            (most,) = all_max([float(len(buckets))], device) if world > 1 else (len(buckets),)
+            buckets += [None] * (int(most) - len(buckets))
+            for local in buckets:
+                idle = local is None
+                rows = [mb_rows[0]] if idle else [mb_rows[i] for i in local]
                 if train_policy:
                     loss, metrics, n_tokens = _micro_loss(policy, batch, rows, algo, max(denom, 1.0), temperature,
                                                           norm_len, packed)
@@ -224,7 +231,10 @@ def policy_update(
                     loss, metrics, n_tokens = torch.zeros((), device=device), {}, 0
                 if critic is not None:
                     loss = loss + _critic_loss(critic, batch, rows, algo, max(denom, 1.0), norm_len, metrics, packed)
-                    mb_value_loss += metrics.pop("algo/value_loss")  # shares of the mini-batch's: they add up
+                    mb_value_loss += 0.0 if idle else metrics.pop("algo/value_loss")  # shares: they add up
+                if idle:
+                    (loss * 0.0).backward()
+                    continue
                 finite = finite and bool(torch.isfinite(loss))
                 (loss * world).backward()
                 tokens += n_tokens
@@ -254,7 +264,13 @@ def policy_update(
                 optimizer.step()
             if critic_optimizer is not None:
                 critic_optimizer.step()
+            # autocast keeps its low-precision copy of each weight until its context exits, blind to
+            # in-place updates: without this, the next mini-batch would run on the weights of the rollout
+            torch.clear_autocast_cache()
             steps += 1
+    optimizer.zero_grad(set_to_none=True)  # the gradients are not held through the next rollout
+    if critic_optimizer is not None:
+        critic_optimizer.zero_grad(set_to_none=True)
     if scheduler is not None and train_policy:
         scheduler.step()
     if critic_scheduler is not None:

@@ -70,8 +70,13 @@ def _rows(batch: UpdateBatch, rank: int, world: int) -> UpdateBatch:
                        batch.advantages_BT[rows], batch.old_logprobs_BT[rows])
 
 
-def _update(model, opt, batch):
-    return policy_update(model, opt, batch, ALGO, micro_batch_size=2, grad_clip=GRAD_CLIP)
+def _update(model, opt, batch, max_tokens=None):
+    return policy_update(model, opt, batch, ALGO, micro_batch_size=2, max_tokens=max_tokens, grad_clip=GRAD_CLIP)
+
+
+# a token budget that cuts rank 0's rows (lengths 9, 6, 12, 7) into 3 micro-batches and rank 1's
+# (10, 5, 8, 11) into 4: the ranks must still pair their collectives
+BUDGET = 14
 
 
 def _join(rank: int, world: int, port: int) -> None:
@@ -80,12 +85,12 @@ def _join(rank: int, world: int, port: int) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
 
 
-def _parallel_update(model, batch, rank, world, parallel):
+def _parallel_update(model, batch, rank, world, parallel, max_tokens=None):
     """One SGD update on this rank's half of the batch under DDP or FSDP; the full weights (rank 0)
     and every rank's ``algo/loss``."""
     wrapped = par.wrap_for_update(model, parallel=parallel, world_size=world)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)  # after sharding: FSDP swaps the parameters
-    metrics = _update(wrapped, opt, _rows(batch, rank, world))
+    metrics = _update(wrapped, opt, _rows(batch, rank, world), max_tokens)
     state = par.full_model_state(model)  # a collective under FSDP
     losses, entropies = [None] * world, [None] * world
     dist.all_gather_object(losses, metrics["algo/loss"])
@@ -140,6 +145,7 @@ def _worker(rank: int, world: int, port: int, tmp: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         out = {p: _parallel_update(*_setup(), rank, world, p) for p in ("ddp", "fsdp")}
+        out.update({f"{p}_budget": _parallel_update(*_setup(), rank, world, p, BUDGET) for p in ("ddp", "fsdp")})
         out["checkpoint"] = _fsdp_checkpoint(*_setup(), rank, world, Path(tmp))  # no sharded model kept
         if rank == 0:
             torch.save(out, Path(tmp) / "rank0.pt")
@@ -161,15 +167,21 @@ def ranks(tmp_path_factory):
     return tmp, torch.load(tmp / "rank0.pt", weights_only=False)
 
 
-@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp", "ddp_budget", "fsdp_budget"])
 def test_two_gloo_ranks_match_single_process(ranks, parallel):
+    """(``_budget``: a token budget gives the ranks 3 and 4 micro-batches.)"""
+    from sleuth.train.forward import length_buckets
+
     model, batch = _setup()
     single = copy.deepcopy(model)
     metrics = _update(single, torch.optim.SGD(single.parameters(), lr=0.5), batch)
     assert metrics["algo/grad_norm"] > GRAD_CLIP  # the clip matters for this batch
+    if parallel.endswith("_budget"):
+        lengths = batch.attention_mask_BT.sum(-1).tolist()
+        assert [len(length_buckets(lengths[r * 4:(r + 1) * 4], 2, BUDGET)) for r in (0, 1)] == [3, 4]
 
     got = ranks[1][parallel]
-    assert got["sharded"] == (parallel == "fsdp")
+    assert got["sharded"] == parallel.startswith("fsdp")
     moved = 0
     for name, p in single.state_dict().items():
         torch.testing.assert_close(got["state"][name], p, atol=1e-6, rtol=1e-5)

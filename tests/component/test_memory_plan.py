@@ -198,18 +198,22 @@ def test_offload_and_fsdp_phases_by_hand():
     static = (4 + 8 + 2) * P / N
     assert plain.rollout == static + 4 * P * 3 / 4 + 2 * P + plain.items["KV cache"]
     assert plain.phases["reference pass"][0] == static + 2 * P * 3 / 4  # the reference gathered
-    assert "optimizer step" not in plain.phases
+    assert plain.phases["optimizer step"][0] == static + 4 * P / N + 4 * P / N  # gradients + AdamW temporaries
+    assert plain.items["compute copy"] == 2 * P  # no checkpointing: every block's casts saved for backward
+    cfg.train.grad_checkpointing = True
+    assert make_plan(cfg, shape, world_size=N).items["compute copy"] == 2 * P / 10  # one block at a time
+    cfg.train.grad_checkpointing = False
     cfg.train.offload_optimizer = cfg.train.offload_reference = True
     off = make_plan(cfg, shape, world_size=N)
     assert off.items["AdamW state"] == 0 and off.items["reference"] == 0
     static_off = 4 * P / N
-    assert off.phases["optimizer step"][0] == static_off + 4 * P / N + 8 * P / N
+    assert off.phases["optimizer step"][0] == static_off + 4 * P / N + 8 * P / N + 4 * P / N
     assert off.phases["reference pass"][0] == static_off + 2 * P  # the whole reference visits
     assert off.update == plain.update - (8 + 2) * P / N
     assert "offloaded" in off.table() and "optimizer step phase" in off.table()
-    # one process, no offload: no reference-pass or optimizer-step phase, no gathered weights
+    # one process, no KL reference: no reference-pass phase, no gathered weights
     one = make_plan(_cfg("bfloat16", rows=2, length=256), shape)
-    assert set(one.phases) == {"rollout", "update"} and "gathered weights" not in one.items
+    assert set(one.phases) == {"rollout", "update", "optimizer step"} and "gathered weights" not in one.items
 
 
 def test_sleuth_train_plan_prints_and_a_run_that_cannot_fit_is_refused_before_loading(tmp_path, capsys):

@@ -302,3 +302,27 @@ def test_only_plain_linear_heads_of_known_families_take_the_chunked_path():
     model.config.model_type = "llama"
     model.lm_head = torch.nn.Sequential(model.lm_head)  # e.g. an adapter around the output layer
     assert not supports_chunked_head(model)
+
+
+def test_under_bf16_autocast_every_mini_batch_runs_on_the_updated_weights():
+    """Autocast keeps its bf16 copy of each weight until its context exits, blind to in-place
+    optimizer steps: the second mini-batch (and anything after the update in the same step) ran on
+    the rollout's weights, so PPO ratios stayed 1. After the fix, a forward inside the context
+    equals one in a fresh context, and differs from the forward before the update."""
+    from sleuth.models import compute_autocast
+
+    tok = tiny_tokenizer()
+    ids, att, loss_mask = _batch(tok)
+    pol = tiny_model(tok, seed=1).train()
+    opt = torch.optim.SGD(pol.parameters(), lr=0.5)
+    adv = loss_mask.float() * torch.tensor([[1.0], [-1.0], [1.0], [-1.0]])
+    with compute_autocast("bfloat16", "cpu"):
+        before = token_logprobs(pol, ids, att)[0].detach()
+        batch = UpdateBatch(ids, att, loss_mask, adv, before.float())
+        metrics = policy_update(pol, opt, batch, AlgoConfig(kl_coef=0.0), micro_batch_size=4, mini_batches=2,
+                                grad_clip=None)
+        inside = token_logprobs(pol, ids, att)[0].detach()
+    with compute_autocast("bfloat16", "cpu"):
+        fresh = token_logprobs(pol, ids, att)[0].detach()
+    assert metrics["algo/optimizer_steps"] == 2 and metrics["algo/ratio_max"] > 1.0  # mini-batch 2 saw step 1
+    assert torch.equal(inside, fresh) and not torch.equal(inside, before)

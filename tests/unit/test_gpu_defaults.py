@@ -70,3 +70,15 @@ def test_deterministic_algorithms_on_cpu_runs_not_forced_on_gpus(monkeypatch, re
     cfg.model.device = "cpu"
     monkeypatch.setattr(state, "pick_device", lambda device="auto": torch.device("cpu"))
     assert set_determinism(cfg, DistContext()) is False
+
+
+def test_a_resumed_eval_keeps_the_dtype_it_ran_in(monkeypatch, tmp_path):
+    """An eval started in float32 (the old default, or a CPU) and resumed on a GPU with --dtype auto
+    continues in float32 instead of refusing its own directory."""
+    import json
+
+    _fake_gpu(monkeypatch)
+    (tmp_path / "setting.json").write_text(json.dumps({"dtype": "float32"}))
+    assert resolve_dtype(argparse.Namespace(dtype="auto", device="auto"), tmp_path) == "float32"
+    assert resolve_dtype(argparse.Namespace(dtype="auto", device="auto"), tmp_path / "new") == "bfloat16"
+    assert resolve_dtype(argparse.Namespace(dtype="float16", device="auto"), tmp_path) == "float16"  # asked
