@@ -260,7 +260,7 @@ class ValueHead(torch.nn.Module):
         advantage ``r - V`` goes to zero and nothing is learned.
 
         Packed rows (``sleuth.train.forward.pack``): ``attention_mask_BT`` None and ``position_ids_BT``
-        restarting at 0 at each row; the value at each row's first token is 0.
+        restarting at 0 at each row; the value at each row's first token (position 0) is 0 either way.
         """
         if position_ids_BT is None:
             if attention_mask_BT is None:
@@ -271,7 +271,7 @@ class ValueHead(torch.nn.Module):
                                              position_ids=position_ids_BT, use_cache=False).last_hidden_state
         after_BT = self.head(hidden_BTH).squeeze(-1).float()  # [B, T] value after token t
         before_BT = torch.nn.functional.pad(after_BT[:, :-1], (1, 0))  # [B, T] value before token t
-        return before_BT if attention_mask_BT is not None else before_BT * (position_ids_BT != 0)
+        return before_BT * (position_ids_BT != 0)  # a row's first token: no state before it
 
 
 def make_critic(policy_path: str, *, dtype: str = "float32", device: str = "auto", gguf_file: str | None = None):

@@ -63,13 +63,13 @@ def _print_plan(cfg, as_json: bool) -> int:
     import os
 
     from sleuth.models import pick_device  # lazy: torch
-    from sleuth.train.memory_plan import plan_for  # lazy: torch, transformers
+    from sleuth.train.memory_plan import advice, plan_for  # lazy: torch, transformers
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     plan = plan_for(cfg, world, pick_device(cfg.model.device))
     print(plan.table())
     if not plan.fits():
-        print("does not fit: " + __import__("sleuth.train.memory_plan", fromlist=["advice"]).advice(plan, cfg))
+        print("does not fit: " + advice(plan, cfg))
     if as_json:
         print_json_line({"peak_bytes": plan.peak, "rollout_bytes": plan.rollout, "update_bytes": plan.update,
                          "capacity_bytes": plan.capacity, "fits": plan.fits(), "items": plan.items})

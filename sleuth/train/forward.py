@@ -19,8 +19,9 @@ are selected after, except in the chunked output layer, which selects the hidden
 Packing (``packed=True``, ``train.remove_padding``; verl's ``use_remove_padding``): a micro-batch's
 rows are concatenated, padding removed, into one row of ``sum(lengths)`` tokens whose position ids
 restart at 0 at each row, with no attention mask; transformers then builds a block-diagonal causal
-mask from the position ids (eager/SDPA; the flash-attention kernels run variable-length), so no
-token attends across rows and no compute goes to padding. The results are scattered back to the
+mask from the position ids, so no token attends across rows and the layers outside attention
+compute no padding. Attention itself: flash-attention kernels run each row on its own; eager and
+SDPA compute the whole packed row against the [N, N] mask. The results are scattered back to the
 [B, T] layout. For the model families in ``PACKING_MODELS`` (:func:`supports_packing`).
 """
 
@@ -72,9 +73,9 @@ def length_buckets(lengths_B: list[int], micro_batch_size: int, max_tokens: int 
 
 def padding_share(lengths_B: list[int], buckets: list[list[int]], *, packed: bool = False) -> float:
     """Share of the computed token slots that are padding under ``buckets`` (0 when ``packed``)."""
-    real = sum(lengths_B)
     if packed:
         return 0.0
+    real = sum(lengths_B)
     computed = sum(len(b) * max(lengths_B[i] for i in b) for b in buckets if b)
     return 0.0 if computed == 0 else 1.0 - real / computed
 
