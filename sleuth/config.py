@@ -142,13 +142,21 @@ class RolloutConfig:
     final_nudge: str = ""
     """Text injected before the final no-search round (empty = none)."""
     backend: Literal["hf", "vllm"] = "hf"
-    """Engine for training rollouts: hf (transformers, our batched decode loop) | vllm (an in-process vLLM engine
-    on the trainer's GPU, ``pip install 'sleuth[gpu]'``; one process only; the trainer's weights are pushed into
-    it after every update; its logprobs feed ``algo.tis_cap``). Evaluation always uses the hf backend."""
+    """Engine for training rollouts: hf (transformers, our batched decode loop) | vllm (a vLLM engine in the
+    trainer's process, on its GPU, ``pip install 'sleuth[gpu]'``; under torchrun one engine per rank, vLLM's
+    external launcher mode; the trainer's weights are pushed into it after every update; its logprobs feed
+    ``algo.tis_cap``; the run's evaluations use it too when ``vllm_tensor_parallel_size`` is 1)."""
     vllm_gpu_memory_utilization: Float = 0.3
     """Share of the GPU's memory vLLM may take (its weights + KV cache); the trainer shares the GPU."""
     vllm_enforce_eager: Bool = False
     """Run vLLM without CUDA graphs (faster start, slower decode)."""
+    vllm_tensor_parallel_size: Annotated[Int, Field(ge=1)] = 1
+    """Ranks that hold one engine together (tensor parallel; under torchrun, must divide the world size). The ranks
+    of a group generate their questions together (every rank of the group submits the same prompts) and each keeps
+    its own share."""
+    vllm_sleep: Bool = True
+    """Put the engine to sleep after each rollout (its weights and KV cache freed: memory for the update) and wake
+    it with the updated weights (vLLM sleep mode, level 2)."""
 
 
 @_section

@@ -2,7 +2,7 @@
 
     sleuth eval --model M --data FILE... (--index DIR | --retriever-url URL | --corpus FILE)
                 [--max-turns 4] [--topk 3] [--limit N] [--no-search] [--format search_r1]
-                [--batch-size 64] [--baseline DIR] --out DIR [--json]
+                [--batch-size 64] [--baseline DIR] [--backend hf|vllm] --out DIR [--json]
 
 A Sleuth run directory (or one of its checkpoints) as ``--model`` is evaluated, by default, with the
 protocol and budget it was trained with (format, top-k, turns, token budgets, chat template, from
@@ -66,6 +66,10 @@ def register(sub) -> None:
     """Add the ``eval`` and ``ask`` commands."""
     p = sub.add_parser("eval", help="evaluate a model on QA sets (EM/F1 per dataset, report.md)")
     add_model_retrieval_args(p)
+    p.add_argument("--backend", default="hf", choices=["hf", "vllm"],
+                   help="generation engine: hf (transformers, our decode loop; default) | vllm (a vLLM engine on "
+                        "a CUDA GPU, pip install 'sleuth[gpu]'; engine options as --set rollout.vllm_*, e.g. "
+                        "rollout.vllm_gpu_memory_utilization=0.85 when nothing else shares the GPU)")
     p.add_argument("--data", nargs="+", required=True, metavar="FILE", help="QA files: jsonl or Search-R1 parquet")
     p.add_argument("--out", required=True, help="output directory (rerun with the same --out to resume)")
     p.add_argument("--limit", type=int, default=None,
@@ -105,6 +109,7 @@ def eval_setting(args, rollout_cfg, retr: dict) -> dict:
         "topk": None if args.no_search else args.topk, "max_turns": 0 if args.no_search else args.max_turns,
         "data": [str(Path(f).resolve()) for f in args.data], "dtype": args.dtype, "seed": args.seed,
         "greedy": True, "rollout": {k: getattr(rollout_cfg, k) for k in keep},
+        **({"backend": args.backend} if getattr(args, "backend", "hf") != "hf" else {}),  # earlier evals: hf
     }  # fmt: skip
 
 
@@ -155,7 +160,7 @@ def _eval(args) -> int:
     perf = EvalPerf()  # nothing left to run: zeros
     if todo:
         retriever = open_retriever(args, retr, cache=not args.no_cache, cache_dir=args.cache_dir, probe=True)
-        model, tok = load_model(args)
+        model, tok, backend = (None, *vllm_engine(args, rcfg)) if args.backend == "vllm" else (*load_model(args), None)
 
         def append(rows: list[dict]) -> None:
             """Store the finished rows; a row with a failed search is not finished (a rerun retries it)."""
@@ -164,7 +169,9 @@ def _eval(args) -> int:
 
         summary_new, new_rows = evaluate(model, tok, todo, fmt, retriever, rcfg, topk=args.topk,
                                          batch_size=args.batch_size, no_search=args.no_search, seed=args.seed,
-                                         judge=judge, on_batch=append, progress=True)  # fmt: skip
+                                         backend=backend, judge=judge, on_batch=append, progress=True)  # fmt: skip
+        if backend is not None:
+            backend.close()
         perf = summary_new.perf
         finished.update({r["id"]: r for r in new_rows})
     rows = [finished[q.id] for q in questions]
@@ -176,6 +183,26 @@ def _eval(args) -> int:
     summary.perf = perf
     _write_outputs(args, out, summary, setting, baseline, [q.id for q in questions])
     return 0
+
+
+def vllm_engine(args, rcfg):
+    """``(tokenizer, VLLMBackend)`` on ``--model`` for ``--backend vllm`` (its weights loaded by vLLM);
+    clear errors where vLLM cannot run or cannot read the model."""
+    from sleuth.models import load_tokenizer, resolve_model  # lazy: torch (~2 s) at `sleuth --help`
+    from sleuth.rollout.vllm_backend import VLLMBackend, require_vllm  # lazy: only --backend vllm needs it
+
+    if args.model == "tiny":
+        raise UserError("--backend vllm: the embedded 'tiny' model runs on --backend hf")
+    require_vllm("--backend vllm")
+    src = resolve_model(args.model)
+    if src.gguf_file:
+        raise UserError(f"--backend vllm: {args.model!r} is a GGUF file; give a model directory or hub name, "
+                        "or use --backend hf")
+    tok = load_tokenizer(src)
+    engine = VLLMBackend(src.path, dtype=args.dtype, seed=args.seed, max_model_len=rcfg.max_context_tokens,
+                         gpu_memory_utilization=rcfg.vllm_gpu_memory_utilization,
+                         tensor_parallel_size=rcfg.vllm_tensor_parallel_size, enforce_eager=rcfg.vllm_enforce_eager)
+    return tok, engine
 
 
 def budget_warnings(summary, share: float = 0.25) -> list[str]:

@@ -92,11 +92,15 @@ def run_rollouts(
     k: int = 3,
     greedy: bool = False,
     group_size: int | None = None,
+    keep: range | None = None,
 ) -> tuple[list[Trajectory], dict[str, float]]:
     """Roll out ``group_size`` (default ``cfg.group_size``) samples per question.
 
     Returns the trajectories (question-major: all samples of question 0, then question 1, …) and
-    a metrics dict with ``rollout/``-namespaced keys.
+    a metrics dict with ``rollout/``-namespaced keys. ``keep`` (question indices) returns only
+    those questions' trajectories, and their metrics; the others are generated alongside (the
+    ranks of a tensor-parallel vLLM engine must all submit the same prompts). The work counts
+    (rounds, queries, retrieval calls, times) stay those of the whole call.
     """
     t_start = time.perf_counter()
     G = cfg.group_size if group_size is None else group_size
@@ -127,7 +131,8 @@ def run_rollouts(
                 if searching:
                     _retrieve_round(searching, retriever, k, render, fmt, cfg, stats)
         stats.rounds = max(stats.rounds, rounds)
-    return [r.traj for r in rows], rollout_metrics([r.traj for r in rows], stats, time.perf_counter() - t_start)
+    kept = [r.traj for i, r in enumerate(rows) if keep is None or i // G in keep]
+    return kept, rollout_metrics(kept, stats, time.perf_counter() - t_start)
 
 
 def _session(backend):

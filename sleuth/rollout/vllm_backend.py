@@ -19,13 +19,27 @@ order of preference: the model runner reached by attribute (V0, and V1 in-proces
 ``LLM.apply_model`` (V1; ships the weights to the worker when the engine runs in another
 process). The prefix cache is reset after a push: cached keys/values were computed by the old
 weights. LoRA policies (peft) are pushed merged (``W + delta``, computed out of place).
+
+Under torchrun every rank builds its own engine at the same time, in vLLM's external launcher
+mode (``distributed_executor_backend="external_launcher"``): the engine joins the trainer's
+process group instead of spawning workers; ``rollout.vllm_tensor_parallel_size`` ranks hold one
+engine (they must submit the same prompts, with the same engine seed). Each rank pushes the full
+weights into its engine (FSDP shards are gathered tensor by tensor; vLLM's ``load_weights``
+keeps its tensor-parallel slice). With ``rollout.vllm_sleep`` the engine sleeps (level 2: weights
+and KV cache freed) from the end of a rollout until the next push, which wakes the weights'
+memory, loads them, then wakes the KV cache. :meth:`VLLMBackend.close` shuts the engine down
+while the process group is alive. Written against vLLM 0.32.0 (``pip install 'sleuth[gpu]'``)
+and tested on CPU against a stub engine only: it has not run on a GPU here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+from pathlib import Path
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from sleuth.errors import UserError
 from sleuth.rollout.backends import GenerationResult, SamplingParams, check_prompts, finish_from_server, row_caps
@@ -78,27 +92,26 @@ class VLLMBackend:
 
     @classmethod
     def from_trainer(cls, policy, tokenizer, work_dir, rollout, *, dtype: str, seed: int = 0,
-                     world_size: int = 1) -> "VLLMBackend":
+                     rank: int = 0, world_size: int = 1) -> "VLLMBackend":
         """An engine for training rollouts on ``policy``'s architecture, holding ``policy``'s weights.
 
-        ``work_dir`` receives the config and tokenizer the engine is built from (kilobytes);
-        ``rollout`` is the run's ``RolloutConfig`` (engine options, ``max_context_tokens``).
-        Errors name what is missing and what to do (:class:`VLLMUnavailable`, a ``UserError``).
+        ``work_dir`` receives the config and tokenizer the engine is built from (kilobytes; one
+        directory per rank under torchrun); ``rollout`` is the run's ``RolloutConfig`` (engine
+        options, ``max_context_tokens``). Under torchrun (``world_size > 1``) every rank calls
+        this at the same time (building the engines is a collective): vLLM's external launcher
+        mode reuses the trainer's process group, ``rollout.vllm_tensor_parallel_size`` ranks hold
+        one engine, and the ranks of such a group share the engine's seed (they must sample
+        alike). Errors name what is missing and what to do (:class:`VLLMUnavailable`, a ``UserError``).
         """
-        if world_size > 1:
-            raise UserError(f"rollout.backend=vllm runs in one process; this run has {world_size} ranks "
-                            "(use rollout.backend=hf under torchrun)")
+        tp = rollout.vllm_tensor_parallel_size
+        if world_size % tp:
+            raise UserError(f"rollout.vllm_tensor_parallel_size={tp} must divide the number of ranks ({world_size})")
         if rollout.temperature > MAX_TEMPERATURE:
             raise UserError(f"rollout.temperature={rollout.temperature}: vLLM samples at temperatures up to "
                             f"{MAX_TEMPERATURE} (it refuses higher ones); lower it or use rollout.backend=hf")
-        try:
-            import vllm  # noqa: F401
-        except ImportError as e:
-            raise VLLMUnavailable(f"rollout.backend=vllm needs vllm, which is not importable ({e}): "
-                                  f"{INSTALL_HINT}") from e
-        if not cuda_available():
-            raise VLLMUnavailable(f"rollout.backend=vllm needs a CUDA GPU and none is visible: {INSTALL_HINT}")
-        os.makedirs(work_dir, exist_ok=True)
+        require_vllm("rollout.backend=vllm")
+        work_dir = Path(work_dir) / f"rank_{rank}" if world_size > 1 else Path(work_dir)
+        work_dir.mkdir(parents=True, exist_ok=True)
         plain = _base_model(policy)
         if not plain.config.architectures:  # vLLM picks its model class from this field
             plain.config.architectures = [type(plain).__name__]
@@ -107,22 +120,52 @@ class VLLMBackend:
             plain.generation_config.save_pretrained(work_dir)
         tokenizer.save_pretrained(work_dir)
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process: pushes are copies
-        backend = cls(
-            str(work_dir), eos_token_ids=eos_ids(plain, tokenizer), load_format="dummy", dtype=dtype,
-            seed=seed, max_model_len=rollout.max_context_tokens, enforce_eager=rollout.vllm_enforce_eager,
-            gpu_memory_utilization=rollout.vllm_gpu_memory_utilization,
-        )
+        engine = {"load_format": "dummy", "dtype": dtype, "seed": seed + rank // tp,
+                  "max_model_len": rollout.max_context_tokens, "enforce_eager": rollout.vllm_enforce_eager,
+                  "gpu_memory_utilization": rollout.vllm_gpu_memory_utilization,
+                  "enable_sleep_mode": rollout.vllm_sleep}  # fmt: skip
+        if world_size > 1:  # one engine per rank (tp = 1) or per group of tp ranks, on the trainer's group
+            engine.update(distributed_executor_backend="external_launcher", tensor_parallel_size=tp)
+        with kept_rng_state():  # building the engine seeds every generator: the run's stay as they were
+            backend = cls(str(work_dir), eos_token_ids=eos_ids(plain, tokenizer), **engine)
+        backend.sleep_mode = rollout.vllm_sleep
         backend.sync_weights(policy)
         return backend
 
+    sleep_mode = False  # engines built by from_trainer with rollout.vllm_sleep
+    asleep = False
+
+    def sleep(self) -> None:
+        """Free the engine's weights and KV cache until the next :meth:`sync_weights` (vLLM sleep
+        level 2: nothing is kept, the next push brings the weights); a no-op without sleep mode."""
+        if self.sleep_mode and not self.asleep:
+            self.llm.sleep(level=2)
+            self.asleep = True
+
     def sync_weights(self, model) -> int:
-        """Copy ``model``'s current weights into the engine; returns how many tensors were pushed."""
+        """Copy ``model``'s current weights into the engine (waking it first: its weights' memory,
+        then, once they are in, its KV cache); returns how many tensors were pushed. Under FSDP
+        every rank calls this (the full weights are gathered tensor by tensor)."""
         weights = trainer_weights(model)
+        if self.asleep:
+            self.llm.wake_up(tags=["weights"])
         load_into_engine(self.llm, weights)
+        if self.asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.asleep = False
         reset = getattr(self.llm, "reset_prefix_cache", None)
         if callable(reset):
             reset()
         return len(weights)
+
+    def close(self) -> None:
+        """Shut the engine down now, while the process group is alive (its finalizer would otherwise
+        run at some later garbage collection and tear the trainer's process group down with it)."""
+        llm, self.llm = getattr(self, "llm", None), None
+        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        shutdown = getattr(core, "shutdown", None) or getattr(llm, "shutdown", None)
+        if callable(shutdown):
+            shutdown()
 
     def _params(self, params: SamplingParams, seed: int | None, cap: int):
         import vllm
@@ -152,6 +195,9 @@ class VLLMBackend:
     ) -> list[GenerationResult]:
         """All rows in one ``LLM.generate`` call; results in prompt order."""
         check_prompts(prompts, seeds)
+        if self.llm is None or self.asleep:
+            raise RuntimeError("this vLLM engine is " + ("closed" if self.llm is None else
+                               "asleep: sync_weights() wakes it with the current weights"))
         caps = row_caps(params, len(prompts), max_new_tokens)
         results = [GenerationResult([], [], "length") for _ in prompts]
         rows = [i for i, c in enumerate(caps) if c > 0]
@@ -171,6 +217,35 @@ class VLLMBackend:
         return results
 
 
+def require_vllm(what: str) -> None:
+    """``what`` needs an importable vllm and a CUDA GPU: a clear :class:`VLLMUnavailable` otherwise."""
+    try:
+        import vllm  # noqa: F401
+    except ImportError as e:
+        raise VLLMUnavailable(f"{what} needs vllm, which is not importable ({e}): {INSTALL_HINT}") from e
+    if not cuda_available():
+        raise VLLMUnavailable(f"{what} needs a CUDA GPU and none is visible: {INSTALL_HINT}")
+
+
+@contextlib.contextmanager
+def kept_rng_state():
+    """Restore the torch (CPU and CUDA), ``random`` and numpy generators on exit."""
+    import random
+
+    import numpy as np
+
+    cpu, py, npy = torch.get_rng_state(), random.getstate(), np.random.get_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    try:
+        yield
+    finally:
+        torch.set_rng_state(cpu)
+        random.setstate(py)
+        np.random.set_state(npy)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
+
+
 def _base_model(model):
     """The plain ``transformers`` model under DDP / peft wrappers."""
     model = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
@@ -186,8 +261,9 @@ def trainer_weights(model) -> list[tuple[str, torch.Tensor]]:
     """
     model = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
     base = _base_model(model)
-    if base is model:
-        return [(name, t.detach()) for name, t in model.state_dict().items()]
+    if base is model:  # FSDP2 gives DTensor shards: each is gathered (a collective, same order on every rank)
+        return [(name, t.full_tensor() if isinstance(t, DTensor) else t.detach())
+                for name, t in model.state_dict().items()]
     from peft.tuners.lora import LoraLayer
 
     deltas = {}

@@ -24,6 +24,7 @@ def _run(args) -> int:
     if not args.out:
         raise ValueError("sleuth train: --out DIR is required (the run directory), except with --plan")
     check_config_not_rewritten(args.config, args.out, cfg)
+    trainer = None
     try:
         trainer = Trainer(cfg, args.out, resume=args.resume, overwrite=args.overwrite, progress=not args.json)
         last = trainer.run()
@@ -31,8 +32,10 @@ def _run(args) -> int:
             keep = {k: v for k, v in last.items()
                     if k.startswith(("reward/", "eval/", "algo/loss", "rollout/searches"))}
             print_json_line({"step": trainer.step, "out": str(args.out), **keep})
-        del trainer  # its (sharded) models go before the process group: see par.shutdown
     finally:
+        if trainer is not None:
+            trainer.close()  # a vLLM engine goes while the process group is alive
+        del trainer  # its (sharded) models go before the process group: see par.shutdown
         par.shutdown()
     return 0
 

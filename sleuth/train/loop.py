@@ -116,9 +116,25 @@ class Trainer:
         """The vLLM rollout engine (``rollout.backend: vllm``), holding the policy's current weights."""
         from sleuth.rollout.vllm_backend import VLLMBackend  # lazy: only rollout.backend=vllm runs need it
 
-        return VLLMBackend.from_trainer(self.policy, self.tokenizer, self.out / "vllm_engine", self.cfg.rollout,
-                                        dtype=self.cfg.model.dtype, seed=self.cfg.train.seed,
-                                        world_size=self.ctx.world_size)
+        with par.gathered(self.policy):  # FSDP: the push gathers the full weights on every rank
+            return VLLMBackend.from_trainer(self.policy, self.tokenizer, self.out / "vllm_engine", self.cfg.rollout,
+                                            dtype=self.cfg.model.dtype, seed=self.cfg.train.seed,
+                                            rank=self.ctx.rank, world_size=self.ctx.world_size)
+
+    def _sync_engine(self) -> None:
+        """Push the policy's weights into the vLLM engine (every rank; waking it if it sleeps)."""
+        with par.gathered(self.policy):
+            self.vllm.sync_weights(self.policy)
+
+    def _tp(self) -> int:
+        """Ranks that generate together: a tensor-parallel vLLM engine's group (1 otherwise)."""
+        return self.cfg.rollout.vllm_tensor_parallel_size if self.vllm is not None else 1
+
+    def close(self) -> None:
+        """Shut the vLLM engine down (while the process group is alive); a no-op without one."""
+        engine, self.vllm = getattr(self, "vllm", None), None
+        if engine is not None:
+            engine.close()
 
     # -- checkpoints -------------------------------------------------------------------------
     def save(self) -> Path | None:
@@ -143,12 +159,12 @@ class Trainer:
         self.step = self._checkpointed_step = ts["step"]
 
     # -- one step ----------------------------------------------------------------------------
-    def rollout(self, questions, *, greedy=False, group_size=None, step=0):
+    def rollout(self, questions, *, greedy=False, group_size=None, step=0, keep=None):
         self.policy.eval()
         backend = self.vllm if self.vllm is not None else HFBackend(self.policy, self.tokenizer)
         return run_rollouts(questions, backend, self.tokenizer, self.fmt, self.retriever, self.cfg.rollout,
                             seed=self.cfg.train.seed, step=step, k=self.cfg.retrieval.topk, greedy=greedy,
-                            group_size=group_size)
+                            group_size=group_size, keep=keep)
 
     def train_step(self) -> tuple[dict, list]:
         """One step (rollout, rewards, advantages, update) in ``model.dtype``; ``(metrics, trajectories)``."""
@@ -159,11 +175,16 @@ class Trainer:
         cfg, tc = self.cfg, self.cfg.train
         t0 = time.perf_counter()
         questions = self.sampler.next(tc.questions_per_step)
-        share = tc.questions_per_step // self.ctx.world_size
+        share, tp = tc.questions_per_step // self.ctx.world_size, self._tp()
         mine = questions[self.ctx.rank * share : (self.ctx.rank + 1) * share]
+        first = self.ctx.rank // tp * tp  # a tensor-parallel engine's ranks generate their questions together
+        together = questions[first * share : (first + tp) * share]
         mbs, temp = (tc.micro_batch_size, tc.max_tokens_per_micro_batch), max(cfg.rollout.temperature, 1e-6)
         with par.gathered(self.policy):  # FSDP: full weights for generation and the no-grad forward
-            trajs, metrics = self.rollout(mine, step=self.step)
+            own = range((self.ctx.rank - first) * share, (self.ctx.rank - first + 1) * share)
+            trajs, metrics = self.rollout(together, step=self.step, keep=own if tp > 1 else None)
+            if self.vllm is not None:  # its weights and KV cache are freed for the update; the push wakes it
+                self.vllm.sleep()
             t_rollout = time.perf_counter() - t0
             rb = trajectories_to_batch(trajs, self.tokenizer.pad_token_id)
             device = next(self.policy.parameters()).device
@@ -203,7 +224,7 @@ class Trainer:
             ))
         if self.vllm is not None:  # the next rollout samples from the updated weights
             t_sync = time.perf_counter()
-            self.vllm.sync_weights(self.policy)
+            self._sync_engine()
             metrics["perf/weight_sync_s"] = time.perf_counter() - t_sync
         lengths = rb.lengths_B.tolist()
         total = time.perf_counter() - t0
@@ -261,10 +282,12 @@ class Trainer:
         perf = EvalPerf()
         rows: list[dict] = []
         if mine:
+            # a rank's own vLLM engine evaluates its share (a tensor-parallel one would need the group's)
+            engine = self.vllm if self._tp() == 1 else None
             with self.compute():
                 summary, rows = evaluate(self.policy, self.tokenizer, mine, self.fmt, self.retriever, self.cfg.rollout,
                                          topk=self.cfg.retrieval.topk, batch_size=self.cfg.eval.batch_size,
-                                         no_search=no_search, seed=self.cfg.train.seed)
+                                         no_search=no_search, seed=self.cfg.train.seed, backend=engine)
             perf = summary.perf
         if world > 1 or not mine:
             shards = reduce.all_gather_objects((rows, perf), world_size=world)
@@ -324,5 +347,5 @@ class Trainer:
                 self._resume(ckpt)
                 self.watch.history.clear()
                 if self.vllm is not None:
-                    self.vllm.sync_weights(self.policy)
+                    self._sync_engine()
         return False

@@ -1,4 +1,5 @@
-"""The training loop with ``rollout.backend: vllm``, on CPU, against a stub ``vllm`` module.
+"""The training loop with ``rollout.backend: vllm``, on CPU, against a stub ``vllm`` module
+(``tests/helpers/vllm_stub.py``; the 2-rank torchrun run is in ``tests/e2e/test_train_vllm_torchrun.py``).
 
 The stub (``sys.modules["vllm"]``) builds its model from the saved config with random weights (as
 ``load_format="dummy"`` does), records every ``load_weights`` push, and generates with our HF
@@ -11,8 +12,6 @@ trainer's (a stub still holding its random weights would give ratios far from th
 import json
 import math
 import sys
-import types
-from types import SimpleNamespace as NS
 
 import pytest
 import torch
@@ -22,78 +21,11 @@ from sleuth.rollout import vllm_backend
 from sleuth.rollout.backends import SamplingParams
 from sleuth.rollout.hf_backend import HFBackend
 from tests.helpers.tiny import tiny_model, tiny_tokenizer
+from tests.helpers.vllm_stub import OFFSET, StubLLM, stub_vllm_module
 
 pytestmark = pytest.mark.component
 
-OFFSET = 0.25  # stub logprob = true logprob - OFFSET, so TIS weight = exp(0.25) = 1.2840 (< cap 2)
 STEPS = 2
-
-
-class StubEngineModel:
-    """What ``apply_model`` hands over: vLLM's model, here a HF model plus a recording ``load_weights``."""
-
-    def __init__(self, hf):
-        self.hf = hf
-        self.pushes: list[dict[str, torch.Tensor]] = []
-
-    def load_weights(self, weights):
-        weights = list(weights)
-        self.pushes.append({n: t.detach().clone() for n, t in weights})
-        params = self.hf.state_dict()  # shares storage with the parameters
-        with torch.no_grad():
-            for n, t in weights:
-                params[n].copy_(t)
-        return {n for n, _ in weights}
-
-
-class StubLLM:
-    """``vllm.LLM`` with the surface ``VLLMBackend`` uses (V1-style: ``apply_model``, no ``llm_engine``)."""
-
-    last = None
-
-    def __init__(self, model, **kwargs):
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-        self.kwargs = kwargs
-        torch.manual_seed(123)
-        self.engine_model = StubEngineModel(AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model)).eval())
-        self.tok = AutoTokenizer.from_pretrained(model)
-        self.emitted: list[float] = []  # every logprob returned, in order
-        self.resets = 0
-        StubLLM.last = self
-
-    def get_tokenizer(self):
-        return self.tok
-
-    def apply_model(self, fn):
-        return [fn(self.engine_model)]
-
-    def reset_prefix_cache(self):
-        self.resets += 1
-
-    def generate(self, prompts, params, use_tqdm=False):
-        p0 = params[0]
-        ours = SamplingParams(temperature=p0.temperature, top_p=p0.top_p, top_k=max(p0.top_k, 0),
-                              stop=tuple(p0.stop or ()))
-        res = HFBackend(self.engine_model.hf, self.tok).generate(
-            [p["prompt_token_ids"] for p in prompts], ours, seeds=[p.seed for p in params],
-            max_new_tokens=[p.max_tokens for p in params])
-        outs = []
-        for r in res:
-            lps = [lp - OFFSET for lp in r.logprobs]
-            self.emitted += lps
-            comp = NS(token_ids=r.token_ids, logprobs=[{t: NS(logprob=lp)} for t, lp in zip(r.token_ids, lps)],
-                      finish_reason="length" if r.finish_reason == "length" else "stop",
-                      stop_reason=r.stop_string)  # vLLM: the stop string, or None when eos ended the row
-            outs.append(NS(outputs=[comp]))
-        return outs
-
-
-def stub_vllm_module():
-    mod = types.ModuleType("vllm")
-    mod.LLM = StubLLM
-    mod.SamplingParams = NS
-    return mod
 
 
 def make_config(root, **overrides) -> Config:
@@ -169,6 +101,40 @@ def test_engine_built_from_config_with_dummy_weights(run):
     assert kw["gpu_memory_utilization"] == 0.3 and kw["logprobs_mode"] == "processed_logprobs"
 
 
+def test_engine_sleeps_through_every_update_and_wakes_weights_first(run):
+    kw = run["llm"].kwargs
+    assert kw["enable_sleep_mode"] is True and "distributed_executor_backend" not in kw  # one process
+    kinds = [(k, d if k == "wake" else None) for k, d in run["llm"].events if k != "generate"]
+    per_step = [("sleep", None), ("wake", ["weights"]), ("push", None), ("wake", ["kv_cache"])]
+    assert kinds == [("build", None), ("push", None)] + per_step * STEPS
+    gens = [i for i, (k, _) in enumerate(run["llm"].events) if k == "generate"]
+    sleeps = [i for i, (k, _) in enumerate(run["llm"].events) if k == "sleep"]
+    assert gens and max(gens) < sleeps[-1] and min(gens) > 1  # every rollout between a push and a sleep
+
+
+def test_building_the_engine_keeps_the_run_rng(tmp_path, monkeypatch):
+    from sleuth.config import RolloutConfig
+
+    monkeypatch.setitem(sys.modules, "vllm", stub_vllm_module())
+    monkeypatch.setattr(vllm_backend, "cuda_available", lambda: True)
+    tok = tiny_tokenizer()
+    model = tiny_model(tok, seed=0, hidden=32)
+    torch.manual_seed(7)
+    expected = torch.rand(3)
+    torch.manual_seed(7)
+    engine = vllm_backend.VLLMBackend.from_trainer(model, tok, tmp_path / "e", RolloutConfig(), dtype="float32")
+    assert torch.equal(torch.rand(3), expected)  # the stub reseeds at build, as vLLM does
+    engine.sleep()
+    with pytest.raises(RuntimeError, match="asleep: sync_weights"):
+        engine.generate([[1, 2]], SamplingParams(max_new_tokens=2, greedy=True))
+    engine.sync_weights(model)
+    assert len(engine.generate([[1, 2]], SamplingParams(max_new_tokens=2, greedy=True))[0].token_ids) == 2
+    engine.close()
+    assert StubLLM.last.shut_down
+    with pytest.raises(RuntimeError, match="closed"):
+        engine.generate([[1, 2]], SamplingParams(max_new_tokens=2, greedy=True))
+
+
 def test_weights_pushed_at_start_and_after_every_update(run):
     pushes = run["llm"].engine_model.pushes
     assert len(pushes) == STEPS + 1 and run["llm"].resets == STEPS + 1
@@ -227,6 +193,32 @@ def test_no_cuda_and_unknown_backend_errors(world, tmp_path, monkeypatch):
         Trainer(make_config(world, rollout__temperature=2.5), tmp_path / "c", progress=False)
 
 
+def test_eval_backend_vllm_matches_hf(world, tmp_path, monkeypatch, capsys):
+    """``sleuth eval --backend vllm``: the engine loads the checkpoint itself (no HF model built), and
+    the stub engine, greedy on the same weights, gives the HF backend's trajectories."""
+    from sleuth.cli import main
+
+    monkeypatch.setitem(sys.modules, "vllm", stub_vllm_module())
+    monkeypatch.setattr(vllm_backend, "cuda_available", lambda: True)
+    base = ["eval", "--model", str(world / "model"), "--data", str(world / "train.jsonl"), "--corpus",
+            str(world / "corpus.jsonl"), "--format", "search_r1_tiny", "--max-turns", "1", "--max-tokens-per-turn", "8",
+            "--no-cache", "--no-compare", "--set", "rollout.use_chat_template=false",
+            "--set", "rollout.vllm_gpu_memory_utilization=0.85"]
+    assert main(base + ["--out", str(tmp_path / "hf")]) == 0
+    assert main(base + ["--backend", "vllm", "--out", str(tmp_path / "vllm")]) == 0
+    engine = StubLLM.last
+    assert "load_format" not in engine.kwargs and engine.kwargs["gpu_memory_utilization"] == 0.85
+    assert engine.kwargs["dtype"] == "float32" and engine.shut_down  # closed when the eval is done
+    rows = {b: [json.loads(x) for x in (tmp_path / b / "trajectories.jsonl").read_text().splitlines()]
+            for b in ("hf", "vllm")}
+    assert len(rows["hf"]) == 4 and [r["id"] for r in rows["hf"]] == [r["id"] for r in rows["vllm"]]
+    assert rows["hf"] == rows["vllm"] and any(r["response"] for r in rows["hf"])
+    assert json.loads((tmp_path / "vllm" / "setting.json").read_text())["backend"] == "vllm"
+    assert "backend" not in json.loads((tmp_path / "hf" / "setting.json").read_text())
+    assert main(base + ["--backend", "vllm", "--model", "tiny", "--out", str(tmp_path / "t")]) == 2
+    assert "'tiny' model runs on --backend hf" in capsys.readouterr().err
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.skipif(not vllm_backend.vllm_available(), reason="needs vllm (pip install 'sleuth[gpu]')")
@@ -247,6 +239,7 @@ def test_real_vllm_engine_follows_the_trainer_weights(tmp_path):
         assert [r.token_ids for r in ours] == [r.token_ids for r in ref]
         for a, b in zip(ours, ref):
             assert a.logprobs == pytest.approx(b.logprobs, abs=1e-3)
+        engine.sleep()  # level 2: the engine's weights and KV cache are freed; the push wakes it
         with torch.no_grad():  # an "update": the next round must follow it
             for p in model.parameters():
                 p.add_(0.05 * torch.randn_like(p))

@@ -101,6 +101,6 @@ def test_missing_vllm_errors_are_user_errors_and_import_errors(monkeypatch):
         VLLMBackend("some/model")
     assert isinstance(e.value, UserError) and isinstance(e.value, ImportError)
     tok = tiny_tokenizer()
-    with pytest.raises(UserError, match="one process; this run has 2 ranks"):
-        VLLMBackend.from_trainer(tiny_model(tok, hidden=32), tok, "unused", RolloutConfig(), dtype="float32",
-                                 world_size=2)
+    with pytest.raises(UserError, match=r"rollout.vllm_tensor_parallel_size=2 must divide the number of ranks \(3\)"):
+        VLLMBackend.from_trainer(tiny_model(tok, hidden=32), tok, "unused", RolloutConfig(vllm_tensor_parallel_size=2),
+                                 dtype="float32", world_size=3)
