@@ -141,11 +141,20 @@ class RolloutConfig:
     """Apply the tokenizer's chat template when it has one; raw text otherwise."""
     final_nudge: str = ""
     """Text injected before the final no-search round (empty = none)."""
-    backend: Literal["hf", "vllm"] = "hf"
-    """Engine for training rollouts: hf (transformers, our batched decode loop) | vllm (a vLLM engine in the
-    trainer's process, on its GPU, ``pip install 'sleuth[gpu]'``; under torchrun one engine per rank, vLLM's
-    external launcher mode; the trainer's weights are pushed into it after every update; its logprobs feed
-    ``algo.tis_cap``; the run's evaluations use it too when ``vllm_tensor_parallel_size`` is 1)."""
+    backend: Literal["hf", "hf_static", "vllm"] = "hf"
+    """Engine for training rollouts: hf (transformers, our batched decode loop; the default: fastest measured on
+    CPU, works for every model) | hf_static (the same loop with a static KV cache, sampling on the device and a
+    host sync every ``hf_sync_every`` tokens, optionally compiled: meant for GPUs, where per-token launches and
+    syncs dominate a small model's decode; greedy outputs equal hf's, samples are another random stream; models
+    with plain full-attention caches only) | vllm (a vLLM engine in the trainer's process, on its GPU, ``pip
+    install 'sleuth[gpu]'``; under torchrun one engine per rank, vLLM's external launcher mode; the trainer's
+    weights are pushed into it after every update; its logprobs feed ``algo.tis_cap``; the run's evaluations use it
+    too when ``vllm_tensor_parallel_size`` is 1). docs/benchmarks.md has what was measured."""
+    hf_compile: Bool = False
+    """hf_static: run the decode step through ``torch.compile`` (on CUDA with CUDA graphs, mode reduce-overhead);
+    compilation takes seconds to minutes per shape. Measured slower on a 2-core CPU."""
+    hf_sync_every: Annotated[Int | None, Field(ge=1)] = None
+    """hf_static: tokens decoded between host synchronisations (None: 8 on CUDA, 1 on CPU)."""
     vllm_gpu_memory_utilization: Float = 0.3
     """Share of the GPU's memory vLLM may take (its weights + KV cache); the trainer shares the GPU."""
     vllm_enforce_eager: Bool = False

@@ -34,6 +34,7 @@ loaded, and it is not part of the setting, so it can be added to a finished eval
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -66,8 +67,9 @@ def register(sub) -> None:
     """Add the ``eval`` and ``ask`` commands."""
     p = sub.add_parser("eval", help="evaluate a model on QA sets (EM/F1 per dataset, report.md)")
     add_model_retrieval_args(p)
-    p.add_argument("--backend", default="hf", choices=["hf", "vllm"],
-                   help="generation engine: hf (transformers, our decode loop; default) | vllm (a vLLM engine on "
+    p.add_argument("--backend", default="hf", choices=["hf", "hf_static", "vllm"],
+                   help="generation engine: hf (transformers, our decode loop; default) | hf_static (static KV cache, "
+                        "device sampling; --set rollout.hf_compile=true compiles its step) | vllm (a vLLM engine on "
                         "a CUDA GPU, pip install 'sleuth[gpu]'; engine options as --set rollout.vllm_*, e.g. "
                         "rollout.vllm_gpu_memory_utilization=0.85 when nothing else shares the GPU)")
     p.add_argument("--data", nargs="+", required=True, metavar="FILE", help="QA files: jsonl or Search-R1 parquet")
@@ -160,7 +162,13 @@ def _eval(args) -> int:
     perf = EvalPerf()  # nothing left to run: zeros
     if todo:
         retriever = open_retriever(args, retr, cache=not args.no_cache, cache_dir=args.cache_dir, probe=True)
-        model, tok, backend = (None, *vllm_engine(args, rcfg)) if args.backend == "vllm" else (*load_model(args), None)
+        if args.backend == "vllm":
+            model, (tok, backend) = None, vllm_engine(args, rcfg)
+        else:
+            from sleuth.rollout.hf_static import hf_backend  # lazy: torch, transformers (~2 s) at `sleuth --help`
+
+            model, tok = load_model(args)
+            backend = hf_backend(model.eval(), tok, dataclasses.replace(rcfg, backend=args.backend))
 
         def append(rows: list[dict]) -> None:
             """Store the finished rows; a row with a failed search is not finished (a rerun retries it)."""
@@ -170,7 +178,7 @@ def _eval(args) -> int:
         summary_new, new_rows = evaluate(model, tok, todo, fmt, retriever, rcfg, topk=args.topk,
                                          batch_size=args.batch_size, no_search=args.no_search, seed=args.seed,
                                          backend=backend, judge=judge, on_batch=append, progress=True)  # fmt: skip
-        if backend is not None:
+        if args.backend == "vllm":
             backend.close()
         perf = summary_new.perf
         finished.update({r["id"]: r for r in new_rows})

@@ -50,12 +50,14 @@ from sleuth.rollout.hf_cache import KV, PrefixStore, assemble, row_kv, slot_cach
 
 
 def sample_next(
-    logits_BV: torch.Tensor, params: SamplingParams, generators: list[torch.Generator] | None
+    logits_BV: torch.Tensor, params: SamplingParams, generators: list[torch.Generator] | None,
+    uniforms_B: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per row and its logprob (``log_softmax(logits / T)``, before top-k/top-p).
 
-    Sampling draws one uniform number per row from that row's generator and inverts the CDF of
-    the filtered distribution (top-k, then top-p on what is left, then renormalised).
+    Sampling draws one uniform number per row from that row's generator (or takes ``uniforms_B``)
+    and inverts the CDF of the filtered distribution (top-k, then top-p on what is left, then
+    renormalised).
     """
     logits_BV = logits_BV.float()
     temp = params.temperature if params.temperature > 0 and not params.greedy else 1.0
@@ -76,7 +78,9 @@ def sample_next(
         filt_BV = filt_BV.masked_fill(torch.zeros_like(drop_BV).scatter(1, order_BV, drop_BV), float("-inf"))
     probs_BV = torch.softmax(filt_BV, dim=-1)
     cdf_BV = probs_BV.cumsum(dim=-1)
-    if generators is None:
+    if uniforms_B is not None:
+        u_B = uniforms_B.to(cdf_BV.device, cdf_BV.dtype)
+    elif generators is None:
         u_B = torch.rand(cdf_BV.shape[0], device=cdf_BV.device)
     else:
         u_B = torch.stack([torch.rand((), generator=g, device=cdf_BV.device) for g in generators])

@@ -69,7 +69,13 @@ class SlotLayer(DynamicLayer):
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self._allocate(key_states)
 
+    static_slot: torch.Tensor | None = None  # set by hf_static's decode: write there, attend over the whole buffer
+
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if self.static_slot is not None:  # one token per row at a device index: the same shapes every step
+            self.k_buf.index_copy_(2, self.static_slot, key_states)
+            self.v_buf.index_copy_(2, self.static_slot, value_states)
+            return self.k_buf, self.v_buf
         if self.k_buf is None:
             self.lazy_initialization(key_states, value_states)
         end = self.length + key_states.shape[-2]

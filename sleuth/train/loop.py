@@ -32,7 +32,7 @@ from sleuth.eval.metrics import EvalPerf, EvalSummary, summarize
 from sleuth.models import compute_autocast
 from sleuth.reward.trajectory import assign_rewards, reward_metrics
 from sleuth.rollout.batching import trajectories_to_batch
-from sleuth.rollout.hf_backend import HFBackend
+from sleuth.rollout.hf_static import hf_backend
 from sleuth.rollout.loop import run_rollouts
 from sleuth.train import distributed as par
 from sleuth.train import reduce
@@ -90,7 +90,8 @@ class Trainer:
             write_run_config(cfg, self.out)  # atomically; a file already holding these settings is kept as is
             truncate_logs(self.out, self.step)  # a resumed run re-does the steps after its checkpoint
         # the vLLM rollout engine, built after a resume so that it starts from the current weights
-        self.vllm = self._build_vllm() if cfg.rollout.backend != "hf" else None
+        self.vllm = self._build_vllm() if cfg.rollout.backend == "vllm" else None
+        self._hf = None  # the HF-family rollout backend, built at the first rollout and kept (a compiled step too)
         self.logger = MetricsLogger(self.out, total_steps=cfg.train.total_steps, tensorboard=cfg.train.tensorboard,
                                     wandb=cfg.train.wandb, config=to_dict(cfg), enabled=self.ctx.is_main,
                                     progress=progress, resume=resume and self.step > 0)
@@ -159,9 +160,17 @@ class Trainer:
         self.step = self._checkpointed_step = ts["step"]
 
     # -- one step ----------------------------------------------------------------------------
+    def backend(self):
+        """The rollout engine: the vLLM engine, else the HF backend ``rollout.backend`` names."""
+        if self.vllm is not None:
+            return self.vllm
+        if self._hf is None:
+            self._hf = hf_backend(self.policy, self.tokenizer, self.cfg.rollout)
+        return self._hf
+
     def rollout(self, questions, *, greedy=False, group_size=None, step=0, keep=None):
         self.policy.eval()
-        backend = self.vllm if self.vllm is not None else HFBackend(self.policy, self.tokenizer)
+        backend = self.backend()
         return run_rollouts(questions, backend, self.tokenizer, self.fmt, self.retriever, self.cfg.rollout,
                             seed=self.cfg.train.seed, step=step, k=self.cfg.retrieval.topk, greedy=greedy,
                             group_size=group_size, keep=keep)
@@ -283,7 +292,8 @@ class Trainer:
         rows: list[dict] = []
         if mine:
             # a rank's own vLLM engine evaluates its share (a tensor-parallel one would need the group's)
-            engine = self.vllm if self._tp() == 1 else None
+            engine = self.backend() if self._tp() == 1 else None
+            self.policy.eval()
             with self.compute():
                 summary, rows = evaluate(self.policy, self.tokenizer, mine, self.fmt, self.retriever, self.cfg.rollout,
                                          topk=self.cfg.retrieval.topk, batch_size=self.cfg.eval.batch_size,

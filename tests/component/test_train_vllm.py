@@ -186,7 +186,7 @@ def test_no_cuda_and_unknown_backend_errors(world, tmp_path, monkeypatch):
     monkeypatch.setattr(vllm_backend, "cuda_available", lambda: False)
     with pytest.raises(UserError, match="needs a CUDA GPU"):
         Trainer(make_config(world), tmp_path / "a", progress=False)
-    with pytest.raises(ValueError, match=r"rollout.backend: 'sglang' is not one of \['hf', 'vllm'\]"):
+    with pytest.raises(ValueError, match=r"rollout.backend: 'sglang' is not one of \['hf', 'hf_static', 'vllm'\]"):
         Trainer(make_config(world, rollout__backend="sglang"), tmp_path / "b", progress=False)
     monkeypatch.setattr(vllm_backend, "cuda_available", lambda: True)
     with pytest.raises(UserError, match=r"rollout.temperature=2.5: vLLM samples at temperatures up to 2.0"):
