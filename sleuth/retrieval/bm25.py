@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -212,11 +213,14 @@ class BM25Retriever:
         if self.model.scores["num_docs"] != len(store):
             raise IndexFileError(f"{bm25_dir}: BM25 index has {self.model.scores['num_docs']} passages, "
                                  f"the corpus store {len(store)}")
+        sc = self.model.scores  # plain ndarray views of the mapped files: slicing a np.memmap costs an object each
+        self._data, self._indices, self._indptr = (np.asarray(sc[key]) for key in ("data", "indices", "indptr"))
         tok = _make_tokenizer(self.params)
         self._split, self._stop = tok.splitter, set(tok.stopwords or ())
         self._stem = tok.stemmer
         self.num_empty_queries = 0
         self.threads = min(4, os.cpu_count() or 1)  # worker threads for a batch of queries
+        self._local = threading.local()
 
     def query_term_ids(self, query: str) -> list[int]:
         """Token ids of a query (lower, split, drop stopwords, stem, keep in-vocabulary terms)."""
@@ -228,17 +232,16 @@ class BM25Retriever:
     def search_rows(self, queries: list[str], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
         """``(rows_K, scores_K)`` per query, best first; empty arrays for queries with no term.
 
-        A batch is scored on ``threads`` worker threads (numpy releases the GIL in the sorts and
-        copies that dominate), each with its own score buffer. A query whose terms' postings are
-        few against the corpus touches only those passages (cost proportional to the postings,
-        not to the corpus: what keeps wiki-18's 21M passages fast); others sum into the whole
-        buffer. Both give the scores of :meth:`scores`, summed in the same order."""
+        The same rows and scores as summing every passage's score (:meth:`scores`) and taking the
+        top ``k`` (:meth:`_top`); a batch is spread over ``threads`` worker threads, each with its
+        own score buffer (numpy releases the GIL in the copies and selections that dominate)."""
         check_k(k)
         term_ids = [self.query_term_ids(q) for q in queries]
         self.num_empty_queries += sum(not t for t in term_ids)
         threads = max(1, min(self.threads, len(queries)))
         if threads == 1:
-            return [self._top(t, k, self._buffer()) for t in term_ids]
+            buf = self._buffer()
+            return [self._top(t, k, buf) for t in term_ids]
         from concurrent.futures import ThreadPoolExecutor
 
         shares = [list(range(i, len(queries), threads)) for i in range(threads)]
@@ -255,30 +258,47 @@ class BM25Retriever:
         return out
 
     def _buffer(self) -> np.ndarray:
-        if getattr(self, "_buf", None) is None:
-            self._buf = np.zeros(self.model.scores["num_docs"], dtype=np.float32)
-        return self._buf
+        """This thread's zero score buffer (a server may search from several threads at once)."""
+        buf = getattr(self._local, "buf", None)
+        if buf is None:
+            buf = self._local.buf = np.zeros(self.model.scores["num_docs"], dtype=np.float32)
+        return buf
 
     def _top(self, term_ids: list[int], k: int, buf_N: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """One query's top ``k`` rows; ``buf_N`` is all zeros on entry and on exit."""
+        """One query's top ``k`` rows (those of ``top_rows(self.scores(term_ids), k)``, bit for bit);
+        ``buf_N``: a zero score buffer, left zero. A query whose postings are few against the corpus
+        ranks only the passages they touch (:meth:`_top_touched`); others the dense sum. (MaxScore
+        pruning, tried: in numpy its candidate scoring cost more than it saved, at 200k and 2M.)"""
         if not term_ids:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
-        s = self.model.scores
-        data, indices, indptr = s["data"], s["indices"], s["indptr"]
+        indptr = self._indptr
         postings = sum(int(indptr[t + 1] - indptr[t]) for t in term_ids)
-        if self.model.nonoccurrence_array is not None or postings * SPARSE_SHARE >= s["num_docs"]:
-            return top_rows(self.scores(term_ids), k)
+        if self.model.nonoccurrence_array is None and postings * SPARSE_SHARE < self.model.scores["num_docs"]:
+            return self._top_touched(term_ids, k, buf_N)
+        return top_rows(self.scores(term_ids), k)
+
+    def _top_touched(self, term_ids: list[int], k: int, buf_N: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Sum the terms' postings into ``buf_N`` (query order) and rank the passages they touch."""
+        data, indices, indptr = self._data, self._indices, self._indptr
         touched = []
         for t in term_ids:
             lo, hi = indptr[t], indptr[t + 1]
             rows = np.asarray(indices[lo:hi])
             buf_N[rows] += data[lo:hi]
             touched.append(rows)
-        cand = touched[0] if len(touched) == 1 else np.unique(np.concatenate(touched))  # ascending rows
-        cand_scores = buf_N[cand]
-        buf_N[cand] = 0
-        pick, scores = top_rows(cand_scores, k)  # ties: the lower row first, as cand is ascending
-        return cand[pick].astype(np.int64), scores
+        rows_P = touched[0] if len(touched) == 1 else np.concatenate(touched)  # a passage once per term it holds
+        scores_P = buf_N[rows_P]
+        buf_N[rows_P] = 0
+        keep = k * len(touched)  # the best k passages hold at most this many entries
+        if len(rows_P) > keep:  # entries at or above the keep-th largest score (ties at the edge kept)
+            edge = np.partition(scores_P, len(scores_P) - keep)[len(scores_P) - keep]
+            sel = np.flatnonzero(scores_P >= edge)
+            rows_P, scores_P = rows_P[sel], scores_P[sel]
+        order = np.argsort(rows_P, kind="stable")
+        rows_P, scores_P = rows_P[order], scores_P[order]
+        first = np.r_[True, rows_P[1:] != rows_P[:-1]]  # ascending rows, once each: ties go to the lower row
+        pick, scores = top_rows(scores_P[first], k)
+        return rows_P[first][pick].astype(np.int64), scores
 
     def scores(self, term_ids: list[int]) -> np.ndarray:
         """[N] BM25 scores of every passage for a query's term ids (repeated terms count again).
@@ -286,9 +306,8 @@ class BM25Retriever:
         Sums the precomputed CSC columns of the terms. Same result as bm25s' ``get_scores_from_ids``
         but with a fancy-indexed add (a column holds each row once) instead of ``np.add.at``.
         """
-        s = self.model.scores
-        data, indices, indptr = s["data"], s["indices"], s["indptr"]
-        scores_N = np.zeros(s["num_docs"], dtype=np.float32)
+        data, indices, indptr = self._data, self._indices, self._indptr
+        scores_N = np.zeros(self.model.scores["num_docs"], dtype=np.float32)
         for t in term_ids:
             lo, hi = indptr[t], indptr[t + 1]
             scores_N[indices[lo:hi]] += data[lo:hi]

@@ -140,7 +140,6 @@ class StaticHFBackend(HFBackend):
             logits_BV = self._step(tokens_B[:, None], self._mask(mask_BW), next_pos_B[:, None], cache)
             slot_1.add_(1)
             next_pos_B = next_pos_B + 1
-            width += 1
 
     def _stash_finished(self, cache, mask_BW, active, live, stashed: set[int], prompts, results) -> None:
         """Keep the keys/values of rows that finished since the last sync (the session's store; ``stashed``:

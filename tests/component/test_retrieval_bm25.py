@@ -158,8 +158,8 @@ def test_streaming_build_writes_what_bm25s_index_writes(tmp_path, method):
 
 @pytest.mark.parametrize("threads", [1, 3])
 def test_batched_search_equals_one_dense_query_at_a_time(tmp_path, monkeypatch, threads):
-    """search_rows (worker threads; a query's postings only, or the whole buffer) gives each query's
-    top rows and scores of the dense per-query sum, ties included; buffers are left clean."""
+    """search_rows (worker threads; the passages a query's postings touch, or the dense sum) gives each
+    query's top rows and scores of the dense per-query sum, ties included; buffers are left clean."""
     import sleuth.retrieval.bm25 as bm25
     from sleuth.retrieval.bm25 import top_rows
 
@@ -172,12 +172,13 @@ def test_batched_search_equals_one_dense_query_at_a_time(tmp_path, monkeypatch, 
     r = bm25_index(tmp_path, rows)
     r.threads = threads
     questions += ["the of and", "zzzz unknown", questions[0]]  # no term, absent words, a repeat
-    for share in (1, 8, 10**9):  # every query dense; the default; every query on its postings only
+    for share in (1, 8, 10**9):  # every query dense; the default; every query on the passages it touches
         monkeypatch.setattr(bm25, "SPARSE_SHARE", share)
-        got = r.search_rows(questions, k=5)
-        for q, (rows_k, scores_k) in zip(questions, got):
-            ids = r.query_term_ids(q)
-            want_rows, want_scores = top_rows(r.scores(ids), 5) if ids else (np.zeros(0), np.zeros(0))
-            assert rows_k.tolist() == want_rows.tolist(), q
-            assert scores_k.tolist() == want_scores.tolist(), q
-        assert not r._buffer().any()
+        for k in (1, 5):
+            got = r.search_rows(questions, k=k)
+            for q, (rows_k, scores_k) in zip(questions, got):
+                ids = r.query_term_ids(q)
+                want_rows, want_scores = top_rows(r.scores(ids), k) if ids else (np.zeros(0), np.zeros(0))
+                assert rows_k.tolist() == want_rows.tolist(), q
+                assert scores_k.tolist() == want_scores.tolist(), q
+    assert not r._buffer().any()
