@@ -36,7 +36,7 @@ def add_prefix_flags(p, building: bool) -> None:
 
 def register(sub) -> None:
     """Add the ``index`` and ``search`` commands."""
-    p_index = sub.add_parser("index", help="build retrieval indexes")
+    p_index = sub.add_parser("index", help="build or import retrieval indexes")
     index_sub = p_index.add_subparsers(dest="index_command", metavar="SUBCOMMAND")
     p_index.set_defaults(func=lambda a: p_index.print_help() or 2)
     b = index_sub.add_parser("build", help="ingest a jsonl corpus and build a bm25/dense/hybrid index")
@@ -57,6 +57,19 @@ def register(sub) -> None:
                    help="replace an existing Sleuth index in --out (other directories are never written into)")
     b.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
     b.set_defaults(func=_build)
+
+    m = index_sub.add_parser("import", help="use a faiss index built elsewhere (Search-R1's e5_Flat.index) and "
+                                            "its corpus as a dense index, without re-encoding")
+    m.add_argument("--faiss", required=True, help="the faiss index file (linked, never copied or changed)")
+    m.add_argument("--corpus", required=True, help="the jsonl corpus it was built from: vector i = line i")
+    m.add_argument("--encoder", required=True, help="the encoder it was built with, e.g. intfloat/e5-base-v2")
+    m.add_argument("--out", required=True, help="index directory to write")
+    add_prefix_flags(m, building=True)
+    m.add_argument("--device", default=None, help="encoder device: cpu, cuda, cuda:N or auto (default)")
+    m.add_argument("--skip-bad", action="store_true", help="skip (and count) malformed corpus lines")
+    m.add_argument("--overwrite", action="store_true", help="replace an existing Sleuth index in --out")
+    m.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
+    m.set_defaults(func=_import)
 
     s = sub.add_parser("search", help="search an index and print the top passages")
     s.add_argument("queries", nargs="+", metavar="QUERY", help="one or more queries")
@@ -107,6 +120,27 @@ def _build(args: argparse.Namespace) -> int:
             "recall": meta.get("recall"), "encoder": meta.get("encoder"),
             "query_prefix": meta.get("query_prefix"), "passage_prefix": meta.get("passage_prefix"),
             "faiss_factory": meta.get("faiss_factory")})
+    return 0
+
+
+def _import(args: argparse.Namespace) -> int:
+    from sleuth.retrieval.corpus import CorpusError  # lazy: sleuth --help start-up (pyarrow)
+    from sleuth.retrieval.faiss_import import import_faiss  # lazy: faiss, sentence-transformers
+
+    out = output_dir(args.out)
+    try:
+        meta = import_faiss(args.faiss, args.corpus, args.encoder, out, query_prefix=args.query_prefix,
+                            passage_prefix=args.passage_prefix, overwrite=args.overwrite, skip_bad=args.skip_bad,
+                            device=args.device, show_progress=True)  # fmt: skip
+    except (CorpusError, FileExistsError, FileNotFoundError, ValueError) as e:
+        raise UserError(str(e)) from None
+    print(f"imported {meta['faiss_index_type']} index of {meta['n_passages']} passages into {args.out} "
+          f"(linked to {meta['imported_from']}); encoder {meta['encoder']}: query prefix {meta['query_prefix']!r}, "
+          f"passage prefix {meta['passage_prefix']!r} ({meta['prefix_source']})")
+    if args.json:
+        print_json_line({"command": "index import", "out": str(args.out), "kind": "dense",
+                         **{k: meta[k] for k in ("n_passages", "dim", "faiss_index_type", "imported_from", "encoder",
+                                                 "query_prefix", "passage_prefix")}})  # fmt: skip
     return 0
 
 

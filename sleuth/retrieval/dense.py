@@ -21,6 +21,7 @@ Query behaviour matches BM25: an empty/blank query returns ``[]`` (counted in
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -206,12 +207,16 @@ def read_dense_dir(dense_dir: Path, n_passages: int):
     """``(params, faiss index)`` saved by :func:`build_dense`; IndexFileError when missing or corrupt."""
     import faiss
 
+    link = dense_dir / INDEX_FILE
+    if link.is_symlink() and not link.exists():  # an imported index whose faiss file moved
+        raise IndexFileError(f"{link} links to {os.readlink(link)}, which no longer exists (the faiss file this "
+                             "index was imported from, `sleuth index import`); put it back or import again")
     for name in (PARAMS_FILE, INDEX_FILE):
         if not (dense_dir / name).is_file():
             raise IndexFileError(f"{dense_dir} holds no dense index ({name} is missing)")
     try:
         params = json.loads((dense_dir / PARAMS_FILE).read_text())
-        index = faiss.read_index(str(dense_dir / INDEX_FILE), faiss.IO_FLAG_MMAP)
+        index = read_mapped(link)
     except (OSError, ValueError) as e:
         raise index_file_error(dense_dir, e) from None
     except RuntimeError as e:  # faiss
@@ -223,6 +228,20 @@ def read_dense_dir(dense_dir: Path, n_passages: int):
         raise IndexFileError(f"{dense_dir}: faiss index has {index.ntotal} vectors, the corpus "
                              f"store {n_passages} passages")
     return params, index
+
+
+def read_mapped(path: Path):
+    """A faiss index read memory-mapped: ``IO_FLAG_MMAP`` maps inverted lists, but a flat index's vectors
+    only with ``IO_FLAG_MMAP_IFC`` (which other index types refuse), so that one is tried first."""
+    import faiss
+
+    ifc = getattr(faiss, "IO_FLAG_MMAP_IFC", 0)
+    if ifc:
+        try:
+            return faiss.read_index(str(path), faiss.IO_FLAG_MMAP | ifc)
+        except RuntimeError:
+            pass
+    return faiss.read_index(str(path), faiss.IO_FLAG_MMAP)
 
 
 class DenseRetriever:

