@@ -3,8 +3,11 @@
 ``RemoteRetriever`` keeps one connection pool (httpx), retries connect errors, timeouts, 5xx and
 429 with exponential backoff (never other 4xx: those are our bug, and retrying cannot fix them),
 keeps an LRU cache of ``(query, k) -> passages``, and sends each distinct query of a batch once
-(a GRPO group asks near-identical queries). Failures become
-:class:`~sleuth.retrieval.base.RetrievalError` naming the URL and the cause.
+(a GRPO group asks near-identical queries), at most ``max_queries_per_request`` per request. A
+request of several queries that times out (the client's read timeout, or ``sleuth serve``'s 504
+after ``--request-timeout``) is not retried as it was: it is sent again as two halves, and later
+requests keep to the smaller size, so that a large round never outlasts the timeout. Failures
+become :class:`~sleuth.retrieval.base.RetrievalError` naming the URL and the cause.
 
 Empty or blank queries are answered locally with no passages and never sent.
 """
@@ -130,9 +133,14 @@ class ClientStats:
     dedup_hits: int = 0  # repeats inside one batch, sent once
     retries: int = 0
     errors: int = 0  # search() calls that raised RetrievalError
+    splits: int = 0  # requests that timed out (or got 504) and were sent again as two halves
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
+
+
+class _TooSlow(Exception):
+    """A multi-query request outlasted the timeout (client read timeout, or the server's 504)."""
 
 
 class RemoteRetriever:
@@ -159,6 +167,7 @@ class RemoteRetriever:
         self.url = retrieve_url(url)
         self.retries, self.backoff_s, self.timeout_s = retries, backoff_s, timeout_s
         self.max_queries_per_request = max_queries_per_request
+        self._request_size = max_queries_per_request  # lowered when a request times out (halved until one fits)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.Client(timeout=timeout_s, headers=headers)
         self._cache = LRUCache(cache_size)
@@ -196,20 +205,37 @@ class RemoteRetriever:
             self.stats.dedup_hits += q in todo
             todo.setdefault(q, []).append(i)
         unique = list(todo)
-        for start in range(0, len(unique), self.max_queries_per_request):
-            chunk = unique[start : start + self.max_queries_per_request]
-            for q, passages in zip(chunk, self._post(chunk, k)):
+        size = min(self.max_queries_per_request, self._request_size)
+        pending = [unique[s : s + size] for s in range(0, len(unique), size)]
+        while pending:
+            chunk = pending.pop(0)
+            try:
+                found = self._post(chunk, k, split_if_slow=len(chunk) > 1)
+            except _TooSlow:  # a request must finish within the timeout: halve it, and later ones too
+                half = len(chunk) // 2
+                self._request_size = min(self._request_size, len(chunk) - half)  # the larger half
+                self.stats.splits += 1
+                pending[:0] = [chunk[:half], chunk[half:]]
+                continue
+            for q, passages in zip(chunk, found):
                 self._cache.put((q, k), passages)
                 for i in todo[q]:
                     out[i] = list(passages)
         return out  # type: ignore[return-value]
 
-    def _post(self, queries: list[str], k: int) -> list[list[Passage]]:
+    def _post(self, queries: list[str], k: int, split_if_slow: bool = False) -> list[list[Passage]]:
         payload = {"queries": queries, "topk": k, "return_scores": True}
 
         def send() -> httpx.Response:
-            resp = self._http.post(self.url, json=payload)
+            try:
+                resp = self._http.post(self.url, json=payload)
+            except httpx.ReadTimeout:  # the server is working on it: fewer queries will finish in time
+                if split_if_slow:
+                    raise _TooSlow() from None
+                raise
             self.stats.requests += 1
+            if resp.status_code == 504 and split_if_slow:  # `sleuth serve --request-timeout`
+                raise _TooSlow()
             return resp
 
         def count_retry() -> None:

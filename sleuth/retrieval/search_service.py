@@ -37,6 +37,9 @@ class ServerLimits:
     """Approximate memory the cache may hold (``sleuth serve --cache-mb``); 0 disables the cache."""
     body_timeout_s: float = 30.0
     """Seconds a client has to send its whole request body (slower -> 408)."""
+    request_timeout_s: float = 25.0
+    """Seconds a request's search may take (longer -> 504, which tells the client to send fewer queries per
+    request: ``RemoteRetriever`` then splits; below its default 30 s timeout so the client hears it)."""
     batching: bool = True
     """Merge queries of concurrent requests into one retriever call."""
     max_batch_queries: int = 2048
@@ -57,6 +60,8 @@ class ServerLimits:
             raise ValueError(f"cache_bytes (--cache-mb) must be >= 0, got {self.cache_bytes}")
         if not self.body_timeout_s > 0:
             raise ValueError(f"body_timeout_s (--body-timeout) must be > 0 seconds, got {self.body_timeout_s}")
+        if not self.request_timeout_s > 0:
+            raise ValueError(f"request_timeout_s (--request-timeout) must be > 0 seconds, got {self.request_timeout_s}")
 
 
 
@@ -68,6 +73,7 @@ class ServerStats:
         self.requests = self.queries = self.errors = self.server_errors = self.cache_hits = 0
         self.batches = self.batched_queries = 0
         self.client_disconnects = 0
+        self.timeouts = 0
         self.latencies_s: deque[float] = deque(maxlen=window)
 
     def snapshot(self) -> dict:
@@ -86,6 +92,7 @@ class ServerStats:
             "errors": self.errors,  # every 4xx and 5xx answer of /retrieve
             "server_errors": self.server_errors,  # the 5xx among them (retriever failures)
             "cache_hits": self.cache_hits,
+            "timeouts": self.timeouts,  # requests answered 504: their search outlasted --request-timeout
             "client_disconnects": self.client_disconnects,  # clients gone before their body was read
             "retriever_calls": self.batches,
             "mean_batch_queries": round(self.batched_queries / self.batches, 2) if self.batches else 0.0,

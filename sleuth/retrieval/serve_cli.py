@@ -129,7 +129,7 @@ def _serve(args) -> int:
     limits = ServerLimits(
         max_queries=args.max_queries, max_topk=args.max_topk, default_topk=args.topk,
         cache_size=args.cache_size, cache_bytes=int(args.cache_mb * 2**20),
-        body_timeout_s=args.body_timeout, batching=not args.no_batching,
+        body_timeout_s=args.body_timeout, request_timeout_s=args.request_timeout, batching=not args.no_batching,
     )
     with tempfile.TemporaryDirectory(prefix="sleuth-serve-") as tmp_dir:
         retriever = _load_retriever(args, tmp_dir)
@@ -172,5 +172,8 @@ def register(sub) -> None:
                    help="memory the server cache may hold, in MiB (approximate; 0 = off; default 256)")
     p.add_argument("--body-timeout", type=float, default=30.0, metavar="SECONDS",
                    help="seconds a client has to send its request body; slower ones get 408 (default 30)")
+    p.add_argument("--request-timeout", type=float, default=25.0, metavar="SECONDS",
+                   help="seconds a request's search may take; longer ones get 504, and Sleuth's client then sends "
+                        "fewer queries per request (default 25, under the client's 30)")
     p.add_argument("--no-batching", action="store_true", help="one retriever call per request")
     p.set_defaults(func=_serve)

@@ -178,7 +178,12 @@ def make_app(retriever: Retriever, *, token: str | None = None, limits: ServerLi
                 raise HTTPException(status, _describe(e)) from None
             k = validate(req, limits)
             try:
-                results = await service.search(req.queries, k)
+                results = await asyncio.wait_for(service.search(req.queries, k), limits.request_timeout_s)
+            except TimeoutError:  # answered now; the retriever call already running finishes in its thread
+                stats.timeouts += 1
+                raise HTTPException(504, f"the search of {len(req.queries)} queries took longer than "
+                                         f"{limits.request_timeout_s:g} s (--request-timeout); send fewer queries "
+                                         "per request") from None
             except Exception as e:  # noqa: BLE001 - a 500 that names the cause, and keep serving
                 log.exception("retriever failed")
                 raise HTTPException(500, f"retriever failed: {type(e).__name__}: {e}") from None

@@ -260,3 +260,53 @@ def test_shared_by_threads(toy_server):
     with RemoteRetriever(toy_server.url, cache_size=0) as r, ThreadPoolExecutor(8) as pool:
         got = list(pool.map(lambda w: r.search([w, "capital " + w], 1), words))
     assert [g[0][0].id for g in got] == [{"Paris": "p0", "Berlin": "p1", "Rome": "p2"}[w] for w in words]
+
+
+class GatedRetriever:
+    """Answers batches of at most ``fast`` queries at once; larger ones block until ``gate`` is set."""
+
+    def __init__(self, fast: int):
+        import threading
+
+        self.inner, self.fast, self.gate, self.sizes = InMemoryRetriever(TOY), fast, threading.Event(), []
+
+    def search(self, queries, k):
+        self.sizes.append(len(queries))
+        if len(queries) > self.fast:
+            assert self.gate.wait(timeout=600)  # a hang guard: the test opens the gate when it is done
+        return self.inner.search(queries, k)
+
+
+def test_server_answers_504_when_a_search_outlasts_request_timeout_and_the_client_splits():
+    from sleuth.retrieval.search_service import ServerLimits
+
+    slow = GatedRetriever(fast=2)
+    app = make_app(slow, limits=ServerLimits(request_timeout_s=0.5, batching=False))
+    try:
+        with ServerThread(app) as st:
+            import httpx
+
+            resp = httpx.post(retrieve_url(st.url), json={"queries": ["Paris", "Rome", "Berlin"], "topk": 1},
+                              timeout=60)
+            assert resp.status_code == 504 and "took longer than 0.5 s (--request-timeout)" in resp.text
+            stats_url = retrieve_url(st.url).removesuffix("/retrieve") + "/stats"
+            assert httpx.get(stats_url, timeout=60).json()["timeouts"] == 1
+            with RemoteRetriever(st.url, cache_size=0, timeout_s=60) as r:
+                got = r.search(["Paris", "Rome", "Berlin", "France", "Italy"], 1)
+                assert [ps[0].id for ps in got] == ["p0", "p2", "p1", "p0", "p2"]
+                assert r.stats.splits == 2 and r._request_size == 2  # 5 -> 2 + 3, 3 -> 1 + 2
+                before = r.stats.splits
+                r.search(["Tokyo", "Paris capital", "Rome city", "Berlin wall"], 1)
+                assert r.stats.splits == before  # later rounds keep to the size that fitted
+    finally:
+        slow.gate.set()
+
+
+def test_a_client_read_timeout_splits_a_multi_query_request():
+    slow = GatedRetriever(fast=2)
+    try:
+        with ServerThread(make_app(slow)) as st, RemoteRetriever(st.url, cache_size=0, timeout_s=5, retries=0) as r:
+            got = r.search(["Paris", "Rome", "Berlin", "Italy"], 1)  # 4 queries time out; 2 + 2 answer
+            assert [ps[0].id for ps in got] == ["p0", "p2", "p1", "p2"] and r.stats.splits == 1
+    finally:
+        slow.gate.set()
