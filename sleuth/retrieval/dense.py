@@ -42,6 +42,21 @@ INDEX_FILE = "faiss.index"
 PARAMS_FILE = "sleuth_dense.json"
 
 
+AUTO_FLAT_MAX = 1_000_000  # passages: up to here ``auto`` builds Flat (exact); beyond, a compressed index
+
+
+def resolve_factory(factory: str, n: int, dim: int) -> str:
+    """``auto``: Flat (exact) for corpora up to ``AUTO_FLAT_MAX`` passages; larger ones PCAR256,SQ6,
+    1/8 of Flat's memory per vector (recall@3 0.959 of Flat's on ``wiki_dev`` with MiniLM,
+    docs/benchmarks.md; measured again at each build), or SQ8 (1/4) when vectors have 256 or fewer
+    dimensions. Any other string is returned as given."""
+    if factory.strip().lower() != "auto":
+        return factory
+    if n <= AUTO_FLAT_MAX:
+        return "Flat"
+    return "PCAR256,SQ6" if dim > 256 else "SQ8"
+
+
 def default_search_params(factory: str) -> str:
     """Search-time faiss parameters used when none are given: nprobe for IVF, efSearch for HNSW."""
     parts = []
@@ -145,7 +160,9 @@ def build_dense(store: CorpusStore, out_dir: str | Path, *, encoder: str | None 
                 device: str | None = None, show_progress: bool = True, seed: int = 0,
                 query_prefix: str | None = None, passage_prefix: str | None = None) -> dict:
     """Encode the store (cached chunks), build + save the faiss index, measure recall; return meta.
-    ``query_prefix``/``passage_prefix`` override the detected ones (:func:`choose_prefixes`)."""
+    ``factory`` ``auto`` picks by corpus size (:func:`resolve_factory`). ``query_prefix``/``passage_prefix``
+    override the detected ones (:func:`choose_prefixes`). The index is trained on a sample of the
+    cached embeddings and filled chunk by chunk: peak memory is the index plus one chunk."""
     import faiss
 
     out_dir = Path(out_dir)
@@ -154,9 +171,10 @@ def build_dense(store: CorpusStore, out_dir: str | Path, *, encoder: str | None 
     prefixes = choose_prefixes(encoder, query_prefix, passage_prefix)
     query_prefix, passage_prefix = prefixes["query_prefix"], prefixes["passage_prefix"]
     model = load_encoder(encoder, device)
-    search_params = default_search_params(factory) if search_params is None else search_params
     # A bad factory or search parameter fails now, not after the (slow) encoding.
     probe_dim = encode_queries(model, ["dimension probe"], "").shape[1]
+    factory = resolve_factory(factory, len(store), probe_dim)
+    search_params = default_search_params(factory) if search_params is None else search_params
     set_search_params(new_faiss_index(probe_dim, factory), search_params, factory)
     t0 = time.perf_counter()
     chunks = encode_corpus(store, model, Path(cache_dir or out_dir / "embeddings"), passage_prefix,

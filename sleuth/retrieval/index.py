@@ -94,7 +94,7 @@ def build_index(
     kind: str,
     out: str | Path,
     encoder: str | None = None,
-    faiss_factory: str = "Flat",
+    faiss_factory: str = "auto",
     *,
     faiss_search_params: str | None = None,
     bm25_params=None,
@@ -111,7 +111,7 @@ def build_index(
     """Ingest ``corpus`` (jsonl) and build a ``kind`` index in ``out``; return the meta dict.
 
     ``encoder`` defaults to all-MiniLM-L6-v2 for dense/hybrid; ``faiss_factory`` is a faiss
-    factory string; ``cache_dir`` holds the embedding chunks (default ``out/dense/embeddings``).
+    factory string, or ``auto`` (Flat up to 1M passages, then a compressed index); ``cache_dir`` holds the embedding chunks (default ``out/dense/embeddings``).
     ``recall_queries`` are used to measure an approximate index's recall (default: sampled
     passage openings). ``skip_bad`` skips and counts malformed corpus lines instead of failing.
     ``query_prefix``/``passage_prefix`` override the encoder's detected prefixes (None: detect).

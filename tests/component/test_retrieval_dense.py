@@ -81,6 +81,7 @@ def test_dense_flat_equals_numpy_bruteforce(built):
     texts = [index_text(t, x) for t, x in TOY]
     emb_ND = dense.model.encode(texts, convert_to_numpy=True)
     emb_ND /= np.linalg.norm(emb_ND, axis=1, keepdims=True)
+    emb_ND = emb_ND.astype(np.float16).astype(np.float32)  # the embedding cache stores float16
     q_QD = dense.model.encode(QUERIES, convert_to_numpy=True)
     q_QD /= np.linalg.norm(q_QD, axis=1, keepdims=True)
     sim_QN = q_QD @ emb_ND.T

@@ -179,3 +179,24 @@ def test_damaged_dense_index_says_how_to_rebuild(stub_encoder, tmp_path, capsys)
     (idx / "dense" / "faiss.index").unlink()
     with pytest.raises(ValueError, match=r"faiss\.index is missing\). Rebuild it"):
         load_index(idx)
+
+
+def test_auto_factory_is_flat_for_small_corpora_and_compressed_for_large(stub_encoder, corpus, tmp_path, capsys,
+                                                                         monkeypatch):
+    from sleuth.retrieval.dense import resolve_factory
+
+    assert resolve_factory("auto", 1_000_000, 768) == "Flat" and resolve_factory("Auto", 21_000_000, 768) == \
+        "PCAR256,SQ6"
+    assert resolve_factory("auto", 21_000_000, 256) == "SQ8" and resolve_factory("HNSW32", 10, 8) == "HNSW32"
+    rc = sleuth.cli.main(["index", "build", "--corpus", str(corpus), "--kind", "dense", "--encoder", "stub",
+                          "--out", str(tmp_path / "small"), "--json"])  # no --faiss: auto
+    assert rc == 0 and json.loads(capsys.readouterr().out.strip().splitlines()[-1])["faiss_factory"] == "Flat"
+    monkeypatch.setattr(dense_mod, "AUTO_FLAT_MAX", N_PASSAGES - 1)  # this corpus now counts as large
+    rc = sleuth.cli.main(["index", "build", "--corpus", str(corpus), "--kind", "dense", "--encoder", "stub",
+                          "--out", str(tmp_path / "large"), "--json"])
+    out = capsys.readouterr().out
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert rc == 0 and summary["faiss_factory"] == "PCAR256,SQ6"
+    assert summary["recall"]["n_queries"] == 200 and 0 < summary["recall"]["value"] <= 1  # measured and printed
+    assert "recall@10 vs exact" in out
+    assert read_meta(tmp_path / "large")["dense"]["code_bytes"] == 192  # 1/8 of Flat's 1536

@@ -73,6 +73,7 @@ def test_snapshot_path_gets_e5_prefixes_recorded_and_search_uses_them(e5_index, 
     # The scores are those of "query: q" against "passage: title\ntext".
     texts = ["passage: " + index_text(t, x) for t, x in TOY]
     emb_ND = dense.model.encode(texts, normalize_embeddings=True, convert_to_numpy=True)
+    emb_ND = emb_ND.astype(np.float16).astype(np.float32)  # the embedding cache stores float16
     q_QD = dense.model.encode(["query: " + q for q in QUERIES], normalize_embeddings=True, convert_to_numpy=True)
     for sim_N, (rows, scores) in zip(q_QD @ emb_ND.T, dense.search_rows(QUERIES, k=2)):
         np.testing.assert_allclose(scores, np.sort(sim_N)[::-1][:2], atol=1e-5)
