@@ -56,6 +56,10 @@ def register(sub) -> None:
     b.add_argument("--batch-size", type=int, default=64, help="encoder batch size")
     b.add_argument("--device", default=None, help="encoder device: cpu, cuda, cuda:N or auto (default)")
     b.add_argument("--skip-bad", action="store_true", help="skip (and count) malformed corpus lines")
+    b.add_argument("--shard", default=None, metavar="I/N",
+                   help="dense: encode only share I of N of the embeddings into --cache-dir (run the N shards as "
+                        "separate processes, e.g. one per GPU, each with its own --out), then build the index by "
+                        "running without --shard with the same --cache-dir")
     b.add_argument("--overwrite", action="store_true",
                    help="replace an existing Sleuth index in --out (other directories are never written into)")
     b.add_argument("--json", action="store_true", help="print a JSON summary as the last line")
@@ -97,6 +101,7 @@ def register(sub) -> None:
 def _build(args: argparse.Namespace) -> int:
     from sleuth.retrieval.corpus import CorpusError  # lazy: sleuth --help start-up (pyarrow)
 
+    shard = parse_shard(args.shard) if args.shard else None
     out = output_dir(args.out)
     try:
         meta = build_index(
@@ -104,9 +109,22 @@ def _build(args: argparse.Namespace) -> int:
             faiss_search_params=args.faiss_search_params, cache_dir=args.cache_dir,
             skip_bad=args.skip_bad, overwrite=args.overwrite, batch_size=args.batch_size,
             device=args.device, show_progress=True, query_prefix=args.query_prefix,
-            passage_prefix=args.passage_prefix)
+            passage_prefix=args.passage_prefix, shard=shard)
     except (CorpusError, FileExistsError) as e:
         raise UserError(str(e)) from None
+    except ValueError as e:
+        if shard is None:
+            raise
+        raise UserError(str(e)) from None
+    if shard is not None:
+        d = meta["dense"]
+        print(f"encoded shard {shard[0]}/{shard[1]} of {d['chunks']} embedding chunks into {args.cache_dir} "
+              f"({d['encode_seconds']} s); once every shard has run, build the index: the same command "
+              "without --shard")
+        if args.json:
+            print_json_line({"command": "index build", "out": str(args.out), "shard": list(shard),
+                             "chunks": d["chunks"], "encode_seconds": d["encode_seconds"]})
+        return 0
     line = f"built {meta['kind']} index of {meta['n_passages']} passages in {args.out} ({meta['build_seconds']} s)"
     if meta["corpus"]["n_skipped"]:
         line += f"; skipped {meta['corpus']['n_skipped']} bad lines, e.g. {meta['corpus']['skipped_examples'][0]}"
@@ -145,6 +163,17 @@ def _import(args: argparse.Namespace) -> int:
                          **{k: meta[k] for k in ("n_passages", "dim", "faiss_index_type", "imported_from", "encoder",
                                                  "query_prefix", "passage_prefix")}})  # fmt: skip
     return 0
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"I/N"`` -> ``(I, N)`` with ``0 <= I < N``; a UserError naming the input otherwise."""
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise UserError(f"--shard {text!r}: give I/N, e.g. 0/4 for the first of 4 shares") from None
+    if not 0 <= i < n:
+        raise UserError(f"--shard {text!r}: need 0 <= I < N")
+    return i, n
 
 
 def open_retriever(args: argparse.Namespace):

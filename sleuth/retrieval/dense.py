@@ -158,11 +158,14 @@ def build_dense(store: CorpusStore, out_dir: str | Path, *, encoder: str | None 
                 cache_dir: str | Path | None = None, recall_queries: list[str] | None = None,
                 recall_k: int = 10, n_recall: int = 200, batch_size: int = 64,
                 device: str | None = None, show_progress: bool = True, seed: int = 0,
-                query_prefix: str | None = None, passage_prefix: str | None = None) -> dict:
+                query_prefix: str | None = None, passage_prefix: str | None = None,
+                shard: tuple[int, int] | None = None) -> dict:
     """Encode the store (cached chunks), build + save the faiss index, measure recall; return meta.
     ``factory`` ``auto`` picks by corpus size (:func:`resolve_factory`). ``query_prefix``/``passage_prefix``
     override the detected ones (:func:`choose_prefixes`). The index is trained on a sample of the
-    cached embeddings and filled chunk by chunk: peak memory is the index plus one chunk."""
+    cached embeddings and filled chunk by chunk: peak memory is the index plus one chunk.
+    ``shard=(i, n)``: encode this shard's chunks into the cache and stop (no index; see
+    :func:`sleuth.retrieval.embcache.encode_corpus`)."""
     import faiss
 
     out_dir = Path(out_dir)
@@ -178,8 +181,12 @@ def build_dense(store: CorpusStore, out_dir: str | Path, *, encoder: str | None 
     set_search_params(new_faiss_index(probe_dim, factory), search_params, factory)
     t0 = time.perf_counter()
     chunks = encode_corpus(store, model, Path(cache_dir or out_dir / "embeddings"), passage_prefix,
-                           encoder_id=encoder, batch_size=batch_size, show_progress=show_progress)
+                           encoder_id=encoder, batch_size=batch_size, show_progress=show_progress,
+                           shard=shard or (0, 1))
     encode_s = time.perf_counter() - t0
+    if shard is not None:  # this process's share of the embeddings is cached; another run builds the index
+        return {"encoder": encoder, **prefixes, "dim": chunks.dim, "shard": list(shard),
+                "encode_seconds": round(encode_s, 2), "chunks": chunks.num_chunks}
     dim = chunks.dim
     rng = np.random.default_rng(seed)
     index = make_faiss_index(dim, factory, lambda m: chunks.sample(m, rng), len(store))

@@ -61,9 +61,17 @@ def cache_key(encoder_id: str, passage_prefix: str, corpus_sha: str, n: int) -> 
 
 
 def encode_corpus(store: CorpusStore, model, cache_root: Path, passage_prefix: str, *,
-                  encoder_id: str, batch_size: int = 64, chunk_rows: int = CHUNK_ROWS,
-                  show_progress: bool = True) -> EmbeddingChunks:
-    """Encode every passage of ``store`` (reusing cached chunks); return the chunk set."""
+                  encoder_id: str, batch_size: int = 64, chunk_rows: int | None = None,
+                  show_progress: bool = True, shard: tuple[int, int] = (0, 1)) -> EmbeddingChunks:
+    """Encode every passage of ``store`` (reusing cached chunks); return the chunk set.
+
+    ``shard=(i, n)`` encodes only chunks ``c`` with ``c % n == i`` (the others are left to the
+    processes or GPUs running the other shards into the same ``cache_root``); a later call with
+    the default ``(0, 1)`` finds them all cached and encodes nothing."""
+    i_shard, n_shards = shard
+    if not 0 <= i_shard < n_shards:
+        raise ValueError(f"shard {i_shard}/{n_shards}: need 0 <= i < N")
+    chunk_rows = chunk_rows or CHUNK_ROWS
     n = len(store)
     directory = Path(cache_root) / cache_key(encoder_id, passage_prefix, store.fingerprint(), n)
     directory.mkdir(parents=True, exist_ok=True)
@@ -82,7 +90,7 @@ def encode_corpus(store: CorpusStore, model, cache_root: Path, passage_prefix: s
         task = progress.add_task("encode passages", total=n)
         for i in range(chunks.num_chunks):
             lo, hi = i * chunk_rows, min((i + 1) * chunk_rows, n)
-            if _chunk_ok(chunks.path(i), hi - lo, dim):
+            if i % n_shards != i_shard or _chunk_ok(chunks.path(i), hi - lo, dim):
                 progress.advance(task, hi - lo)
                 continue
             (_, texts), = store.iter_texts(batch_rows=hi - lo, start=lo, stop=hi)

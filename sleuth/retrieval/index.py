@@ -107,8 +107,14 @@ def build_index(
     show_progress: bool = True,
     query_prefix: str | None = None,
     passage_prefix: str | None = None,
+    shard: tuple[int, int] | None = None,
 ) -> dict:
     """Ingest ``corpus`` (jsonl) and build a ``kind`` index in ``out``; return the meta dict.
+
+    ``shard=(i, n)`` (dense only, with a ``cache_dir`` every shard shares): encode only the i-th of n
+    interleaved shares of the embedding chunks and stop; ``out`` stays an unfinished build. Once
+    every shard has run (other processes, other GPUs), the same build without ``shard`` finds all
+    chunks cached, encodes nothing, and builds the index.
 
     ``encoder`` defaults to all-MiniLM-L6-v2 for dense/hybrid; ``faiss_factory`` is a faiss
     factory string, or ``auto`` (Flat up to 1M passages, then a compressed index); ``cache_dir`` holds the embedding chunks (default ``out/dense/embeddings``).
@@ -125,6 +131,9 @@ def build_index(
         raise ValueError(f"index kind must be one of {KINDS}, got {kind!r}")
     if kind == "bm25" and (query_prefix is not None or passage_prefix is not None):
         raise ValueError("--query-prefix/--passage-prefix apply to dense and hybrid indexes, not bm25")
+    if shard is not None and (kind != "dense" or cache_dir is None):
+        raise ValueError("--shard applies to --kind dense with a --cache-dir that every shard shares "
+                         "(the index is built by a last run without --shard)")
     if kind != "bm25":
         check_device(device)  # before the ingest, not after it
     out = Path(out)
@@ -146,7 +155,9 @@ def build_index(
             store, out / "dense", encoder=encoder, factory=faiss_factory,
             search_params=faiss_search_params, cache_dir=cache_dir, recall_queries=recall_queries,
             batch_size=batch_size, device=device, show_progress=show_progress,
-            query_prefix=query_prefix, passage_prefix=passage_prefix)
+            query_prefix=query_prefix, passage_prefix=passage_prefix, shard=shard)
+        if shard is not None:  # no index yet: nothing more to record
+            return {**meta, "shard": list(shard), "dense": meta["dense"]}
         for key in ("encoder", "query_prefix", "passage_prefix", "prefix_source", "faiss_factory",
                     "faiss_search_params", "recall"):
             meta[key] = meta["dense"][key]

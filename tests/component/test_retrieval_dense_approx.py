@@ -200,3 +200,38 @@ def test_auto_factory_is_flat_for_small_corpora_and_compressed_for_large(stub_en
     assert summary["recall"]["n_queries"] == 200 and 0 < summary["recall"]["value"] <= 1  # measured and printed
     assert "recall@10 vs exact" in out
     assert read_meta(tmp_path / "large")["dense"]["code_bytes"] == 192  # 1/8 of Flat's 1536
+
+
+def test_sharded_encoding_then_a_merge_build_equals_one_build(stub_encoder, corpus, tmp_path, capsys, monkeypatch):
+    """Two shard runs (separate --out, a shared --cache-dir) encode disjoint chunks; the build without --shard
+    encodes nothing and gives the same index as one unsharded build."""
+    import sleuth.retrieval.embcache as embcache
+
+    monkeypatch.setattr(embcache, "CHUNK_ROWS", 100)  # 6 chunks of this corpus
+    encoded: list[int] = []
+    real_encode = stub_encoder.encode
+    monkeypatch.setattr(stub_encoder, "encode", lambda texts, **kw: encoded.append(len(texts)) or real_encode(texts))
+    base = ["index", "build", "--corpus", str(corpus), "--kind", "dense", "--encoder", "stub", "--faiss", "Flat",
+            "--cache-dir", str(tmp_path / "cache")]
+    per_shard = []
+    for i in range(2):
+        encoded.clear()
+        assert sleuth.cli.main(base + ["--shard", f"{i}/2", "--out", str(tmp_path / f"shard{i}")]) == 0
+        per_shard.append(sum(encoded) - 1)  # less the one-text dimension probe
+        assert "once every shard has run" in capsys.readouterr().out
+        assert not (tmp_path / f"shard{i}" / "meta.json").exists()  # no index from a shard run
+    assert per_shard == [300, 300]  # chunks 0, 2, 4 and 1, 3, 5
+    encoded.clear()
+    assert sleuth.cli.main(base + ["--out", str(tmp_path / "merged")]) == 0
+    assert sum(encoded) == 1  # the dimension probe only: every passage came from the cache
+    monkeypatch.setattr(embcache, "CHUNK_ROWS", 4096)
+    assert sleuth.cli.main(base[:-2] + ["--out", str(tmp_path / "one")]) == 0
+    a, b = load_index(tmp_path / "merged"), load_index(tmp_path / "one")
+    assert a.search_rows(QUERIES, 5)[0][0].tolist() == b.search_rows(QUERIES, 5)[0][0].tolist()
+    for (ra, sa), (rb, sb) in zip(a.search_rows(QUERIES, 5), b.search_rows(QUERIES, 5)):
+        assert ra.tolist() == rb.tolist() and np.array_equal(sa, sb)
+    capsys.readouterr()
+    assert sleuth.cli.main(base + ["--shard", "2/2", "--out", str(tmp_path / "bad")]) == 2
+    assert sleuth.cli.main(base[:-2] + ["--shard", "0/2", "--out", str(tmp_path / "bad2")]) == 2
+    err = capsys.readouterr().err
+    assert "need 0 <= I < N" in err and "--shard applies to --kind dense with a --cache-dir" in err
