@@ -269,18 +269,43 @@ def read_mapped(path: Path):
     return faiss.read_index(str(path), faiss.IO_FLAG_MMAP)
 
 
+def default_search_devices(index, device: str | None) -> list[str]:
+    """Where a Flat index is searched when the encoder runs on CUDA and faiss has no GPU support:
+    every visible GPU (row shards, float16); elsewhere faiss on the CPU (an empty list)."""
+    import faiss
+
+    if not (device or "").startswith("cuda") or type(index).__name__ not in ("IndexFlatIP", "IndexFlat"):
+        return []
+    if callable(getattr(faiss, "get_num_gpus", None)) and faiss.get_num_gpus() > 0:
+        return []  # faiss-gpu is installed: a user can move the index with faiss itself
+    import torch
+
+    return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+
+
 class DenseRetriever:
     """Encoder + faiss index over a corpus store (satisfies ``Retriever``). Queries get the prefix
     the index was built with, or ``query_prefix`` when given (:func:`search_query_prefix`)."""
 
     def __init__(self, dense_dir: str | Path, store: CorpusStore, device: str | None = None, *,
-                 query_prefix: str | None = None, passage_prefix: str | None = None):
+                 query_prefix: str | None = None, passage_prefix: str | None = None,
+                 search_devices: list[str] | None = None):
         self.params, self.index = read_dense_dir(Path(dense_dir), len(store))
         self.query_prefix = search_query_prefix(self.params, query_prefix, passage_prefix, Path(dense_dir).parent)
         self.passage_prefix = self.params.get("passage_prefix", "")
         self.store = store
         self.model = load_encoder(self.params["encoder"], device)
         self.num_empty_queries = 0
+        self.searcher = self.index  # what answers ``search(q_QD, k)``: faiss, or torch on the GPUs
+        if search_devices is None:
+            search_devices = default_search_devices(self.index, device)
+        if search_devices:
+            if type(self.index).__name__ not in ("IndexFlatIP", "IndexFlat"):
+                raise ValueError(f"searching on {search_devices} needs a Flat index; this one is "
+                                 f"{type(self.index).__name__} (faiss-gpu searches compressed ones)")
+            from sleuth.retrieval.torch_flat import TorchFlatSearch  # lazy: torch, only for GPU search
+
+            self.searcher = TorchFlatSearch(self.index, search_devices)
 
     def search_rows(self, queries: list[str], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
         """``(rows_K, scores_K)`` per query, best first (cosine similarity)."""
@@ -292,7 +317,7 @@ class DenseRetriever:
             out[i] = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32))
         if live:
             q_QD = encode_queries(self.model, [queries[i] for i in live], self.query_prefix)
-            scores_QK, rows_QK = self.index.search(q_QD, min(k, self.index.ntotal))
+            scores_QK, rows_QK = self.searcher.search(q_QD, min(k, self.index.ntotal))
             for i, s_K, r_K in zip(live, scores_QK, rows_QK):
                 keep = r_K >= 0  # faiss pads with -1 when fewer than k vectors are reachable
                 out[i] = (r_K[keep].astype(np.int64), s_K[keep])

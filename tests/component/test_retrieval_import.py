@@ -114,3 +114,54 @@ def test_a_moved_faiss_file_is_named(outside, tmp_path):
     copy.unlink()
     with pytest.raises(Exception, match="which no longer exists"):
         load_index(tmp_path / "idx", device="cpu")
+
+
+def test_torch_flat_search_equals_faiss_across_shards(outside):
+    """The GPU path's search (row shards on several devices, here two CPU ones) against faiss' Flat search."""
+    import torch
+
+    from sleuth.retrieval.torch_flat import TorchFlatSearch
+
+    _, questions, model, index = outside
+    q_QD = encode_queries(model, questions, "")
+    want_s, want_r = index.search(q_QD, 5)
+    got_s, got_r = TorchFlatSearch(index, ["cpu", "cpu"], dtype=torch.float32, rows_per_copy=64,
+                                   query_batch=7).search(q_QD, 5)
+    assert got_r.tolist() == want_r.tolist()
+    np.testing.assert_allclose(got_s, want_s, rtol=1e-5, atol=1e-6)
+    half_s, half_r = TorchFlatSearch(index, ["cpu"]).search(q_QD, 5)  # float16 vectors, as on a GPU
+    assert (half_r[:, 0] == want_r[:, 0]).mean() >= 0.9
+    np.testing.assert_allclose(half_s[:, 0], want_s[:, 0], atol=5e-3)
+
+
+def test_dense_retriever_searches_on_given_devices(outside, tmp_path):
+    root, questions, _, _ = outside
+    assert main(["index", "import", "--faiss", str(root / "e5_Flat.index"), "--corpus", str(root / "corpus.jsonl"),
+                 "--encoder", DEFAULT_ENCODER, "--out", str(tmp_path / "idx"), "--device", "cpu"]) == 0
+    from sleuth.retrieval.corpus import CorpusStore
+    from sleuth.retrieval.dense import DenseRetriever, default_search_devices
+
+    store = CorpusStore(tmp_path / "idx" / "corpus")
+    on_faiss = DenseRetriever(tmp_path / "idx" / "dense", store, device="cpu")
+    on_torch = DenseRetriever(tmp_path / "idx" / "dense", store, device="cpu", search_devices=["cpu", "cpu"])
+    assert on_faiss.searcher is on_faiss.index and on_torch.searcher is not on_torch.index
+    assert default_search_devices(on_faiss.index, "cpu") == []
+    a, b = on_faiss.search_rows(questions, 3), on_torch.search_rows(questions, 3)
+    assert np.mean([x[0][0] == y[0][0] for x, y in zip(a, b)]) >= 0.9
+
+
+def test_device_search_of_a_compressed_index_is_refused(outside, tmp_path):
+    root, _, model, _ = outside
+    from sleuth.retrieval.corpus import CorpusStore
+    from sleuth.retrieval.dense import DenseRetriever
+
+    sq = faiss.IndexScalarQuantizer(384, faiss.ScalarQuantizer.QT_8bit, faiss.METRIC_INNER_PRODUCT)
+    x = np.random.default_rng(0).standard_normal((N, 384)).astype(np.float32)
+    sq.train(x)
+    sq.add(x)
+    faiss.write_index(sq, str(tmp_path / "sq.index"))
+    assert main(["index", "import", "--faiss", str(tmp_path / "sq.index"), "--corpus", str(root / "corpus.jsonl"),
+                 "--encoder", DEFAULT_ENCODER, "--out", str(tmp_path / "idx"), "--device", "cpu"]) == 0
+    with pytest.raises(ValueError, match="needs a Flat index; this one is IndexScalarQuantizer"):
+        DenseRetriever(tmp_path / "idx" / "dense", CorpusStore(tmp_path / "idx" / "corpus"), device="cpu",
+                       search_devices=["cpu"])
