@@ -269,20 +269,6 @@ def read_mapped(path: Path):
     return faiss.read_index(str(path), faiss.IO_FLAG_MMAP)
 
 
-def default_search_devices(index, device: str | None) -> list[str]:
-    """Where a Flat index is searched when the encoder runs on CUDA and faiss has no GPU support:
-    every visible GPU (row shards, float16); elsewhere faiss on the CPU (an empty list)."""
-    import faiss
-
-    if not (device or "").startswith("cuda") or type(index).__name__ not in ("IndexFlatIP", "IndexFlat"):
-        return []
-    if callable(getattr(faiss, "get_num_gpus", None)) and faiss.get_num_gpus() > 0:
-        return []  # faiss-gpu is installed: a user can move the index with faiss itself
-    import torch
-
-    return [f"cuda:{i}" for i in range(torch.cuda.device_count())]
-
-
 class DenseRetriever:
     """Encoder + faiss index over a corpus store (satisfies ``Retriever``). Queries get the prefix
     the index was built with, or ``query_prefix`` when given (:func:`search_query_prefix`)."""
@@ -296,10 +282,8 @@ class DenseRetriever:
         self.store = store
         self.model = load_encoder(self.params["encoder"], device)
         self.num_empty_queries = 0
-        self.searcher = self.index  # what answers ``search(q_QD, k)``: faiss, or torch on the GPUs
-        if search_devices is None:
-            search_devices = default_search_devices(self.index, device)
-        if search_devices:
+        self.searcher = self.index  # what answers ``search(q_QD, k)``: faiss, or torch on the given devices
+        if search_devices:  # opt-in (sleuth serve --search-devices): the vectors then live in those devices' memory
             if type(self.index).__name__ not in ("IndexFlatIP", "IndexFlat"):
                 raise ValueError(f"searching on {search_devices} needs a Flat index; this one is "
                                  f"{type(self.index).__name__} (faiss-gpu searches compressed ones)")

@@ -187,13 +187,16 @@ def read_meta(index_dir: str | Path) -> dict:
 
 
 def load_index(index_dir: str | Path, *, kind: str | None = None, device: str | None = None,
-               query_prefix: str | None = None, passage_prefix: str | None = None) -> Retriever:
+               query_prefix: str | None = None, passage_prefix: str | None = None,
+               search_devices: list[str] | None = None) -> Retriever:
     """Open an index directory as a ``Retriever``.
 
     ``kind`` may pick one side of a hybrid index (``bm25`` or ``dense``); by default the kind it
     was built as. ``device`` is the encoder's torch device (default: sentence-transformers' choice).
     Dense queries get the prefix the index was built with; ``query_prefix`` overrides it (with a
     warning when it differs), and a ``passage_prefix`` other than the built one is refused.
+    ``search_devices`` (a Flat dense index): search with torch on these devices, the vectors in row
+    shards there (:mod:`sleuth.retrieval.torch_flat`), instead of faiss on the CPU.
     """
     from sleuth.retrieval.corpus import CorpusError  # lazy: sleuth --help start-up
 
@@ -209,7 +212,7 @@ def load_index(index_dir: str | Path, *, kind: str | None = None, device: str | 
     if kind != "bm25":
         check_device(device)  # before the corpus store and the index files are read
     try:
-        sparse, dense = _open_parts(index_dir, kind, device, query_prefix, passage_prefix)
+        sparse, dense = _open_parts(index_dir, kind, device, query_prefix, passage_prefix, search_devices)
     except (IndexFileError, CorpusError) as e:
         corpus = meta.get("corpus", {}).get("path", "CORPUS.jsonl")
         raise IndexFileError(
@@ -223,7 +226,7 @@ def load_index(index_dir: str | Path, *, kind: str | None = None, device: str | 
 
 
 def _open_parts(index_dir: Path, kind: str, device: str | None, query_prefix: str | None,
-                passage_prefix: str | None):
+                passage_prefix: str | None, search_devices: list[str] | None = None):
     """``(bm25 retriever or None, dense retriever or None)`` over the index's corpus store."""
     from sleuth.retrieval.corpus import CorpusStore  # lazy: sleuth --help start-up
 
@@ -237,7 +240,7 @@ def _open_parts(index_dir: Path, kind: str, device: str | None, query_prefix: st
         from sleuth.retrieval.dense import DenseRetriever  # lazy: sleuth --help start-up
 
         dense = DenseRetriever(index_dir / "dense", store, device=device, query_prefix=query_prefix,
-                               passage_prefix=passage_prefix)
+                               passage_prefix=passage_prefix, search_devices=search_devices)
     return sparse, dense
 
 

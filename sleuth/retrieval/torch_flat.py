@@ -2,8 +2,8 @@
 vectors copied onto the GPUs in row shards (float16 by default: wiki-18's 21M x 768 e5 vectors take
 32 GB, one H100 or two smaller GPUs), searched as ``q @ X.T`` + top-k per shard, merged on the host.
 
-Used by :class:`sleuth.retrieval.dense.DenseRetriever` for a Flat index when its encoder runs on a
-CUDA device and faiss-gpu is not installed (``search_devices``). Equal to faiss' own search (rows;
+Used by :class:`sleuth.retrieval.dense.DenseRetriever` for a Flat index when it is given
+``search_devices`` (``sleuth serve --search-devices cuda:0,cuda:1``). Equal to faiss' own search (rows;
 scores to float rounding) when run in float32; tested on CPU devices, not yet on a GPU.
 """
 

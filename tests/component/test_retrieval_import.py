@@ -139,13 +139,14 @@ def test_dense_retriever_searches_on_given_devices(outside, tmp_path):
     assert main(["index", "import", "--faiss", str(root / "e5_Flat.index"), "--corpus", str(root / "corpus.jsonl"),
                  "--encoder", DEFAULT_ENCODER, "--out", str(tmp_path / "idx"), "--device", "cpu"]) == 0
     from sleuth.retrieval.corpus import CorpusStore
-    from sleuth.retrieval.dense import DenseRetriever, default_search_devices
+    from sleuth.retrieval.dense import DenseRetriever
 
     store = CorpusStore(tmp_path / "idx" / "corpus")
     on_faiss = DenseRetriever(tmp_path / "idx" / "dense", store, device="cpu")
     on_torch = DenseRetriever(tmp_path / "idx" / "dense", store, device="cpu", search_devices=["cpu", "cpu"])
     assert on_faiss.searcher is on_faiss.index and on_torch.searcher is not on_torch.index
-    assert default_search_devices(on_faiss.index, "cpu") == []
+    via_load = load_index(tmp_path / "idx", device="cpu", search_devices=["cpu"])
+    assert via_load.searcher is not via_load.index
     a, b = on_faiss.search_rows(questions, 3), on_torch.search_rows(questions, 3)
     assert np.mean([x[0][0] == y[0][0] for x, y in zip(a, b)]) >= 0.9
 
