@@ -2,7 +2,7 @@
 
     sleuth eval --model M --data FILE... (--index DIR | --retriever-url URL | --corpus FILE)
                 [--max-turns 4] [--topk 3] [--limit N] [--no-search] [--format search_r1]
-                [--batch-size 64] [--baseline DIR] [--backend hf|vllm] --out DIR [--json]
+                [--batch-size 64] [--baseline DIR] [--backend hf|hf_static|vllm] --out DIR [--json]
 
 A Sleuth run directory (or one of its checkpoints) as ``--model`` is evaluated, by default, with the
 protocol and budget it was trained with (format, top-k, turns, token budgets, chat template, from
