@@ -71,8 +71,7 @@ def hf_runner(model, prompts, static: bool = False, compile: bool = False):
     """Our HF backend (``static``: ``hf_static``, its decode step compiled with ``compile``, CUDA graphs on a GPU)."""
     tok = SimpleNamespace(pad_token_id=0)
     if static:
-        mode = "reduce-overhead" if compile and next(model.parameters()).device.type == "cuda" else None
-        backend = StaticHFBackend(model, tok, eos_token_ids=[], compile=compile, compile_mode=mode)
+        backend = StaticHFBackend(model, tok, eos_token_ids=[], compile=compile)  # CUDA graphs on a GPU
     else:
         backend = HFBackend(model, tok, eos_token_ids=[])
     seeds = list(range(len(prompts)))

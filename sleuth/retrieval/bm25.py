@@ -108,9 +108,10 @@ def build_bm25(store: CorpusStore, out_dir: str | Path, params: BM25Params | Non
                 doc = np.repeat(np.arange(len(ids), dtype=np.int64), lens)
                 keys, tf = np.unique(doc << 32 | flat, return_counts=True)  # sorted by (passage, term)
                 terms = (keys & 0xFFFFFFFF).astype(np.int32)
-                if len(tokenizer.get_vocab_dict()) > len(df):
-                    df = np.concatenate([df, np.zeros(2 * len(tokenizer.get_vocab_dict()), dtype=np.int64)])
-                df[: terms.max(initial=-1) + 1] += np.bincount(terms, minlength=0)
+                counts = np.bincount(terms)  # passages of this batch holding each term
+                if len(counts) > len(df):  # the vocabulary grew: room for twice as many terms
+                    df = np.concatenate([df, np.zeros(max(len(counts), 2 * len(df)) - len(df), dtype=np.int64)])
+                df[: len(counts)] += counts
                 np.stack([(keys >> 32).astype(np.int32) + first, terms, tf.astype(np.int32)]).T.tofile(f)
                 chunks.append(len(keys))
                 nnz += len(keys)
@@ -142,11 +143,11 @@ def build_bm25(store: CorpusStore, out_dir: str | Path, params: BM25Params | Non
                 score = (idf[term].astype(np.float64) * tfc).astype(np.float32)
                 order = np.argsort(term, kind="stable")  # by term, passages ascending within a term
                 term_o = term[order]
-                first_of = np.r_[0, np.flatnonzero(np.diff(term_o)) + 1]
-                rank = np.arange(len(term_o)) - np.repeat(first_of, np.diff(np.r_[first_of, len(term_o)]))
-                slot = fill[term_o] + rank
+                first_of = np.r_[0, np.flatnonzero(np.diff(term_o)) + 1]  # where each term's run starts
+                sizes = np.diff(np.r_[first_of, len(term_o)])
+                slot = fill[term_o] + np.arange(len(term_o)) - np.repeat(first_of, sizes)
                 indices[slot], data[slot] = doc[order], score[order]
-                np.add.at(fill, term_o[first_of], np.diff(np.r_[first_of, len(term_o)]))
+                fill[term_o[first_of]] += sizes  # each term once
                 progress.advance(task, n)
         del pairs
         data.flush()
@@ -247,7 +248,7 @@ class BM25Retriever:
         shares = [list(range(i, len(queries), threads)) for i in range(threads)]
 
         def work(share):
-            buf = np.zeros(self.model.scores["num_docs"], dtype=np.float32)
+            buf = self._buffer()  # this worker thread's
             return [(i, self._top(term_ids[i], k, buf)) for i in share]
 
         out: list = [None] * len(queries)

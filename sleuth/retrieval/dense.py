@@ -39,6 +39,7 @@ from sleuth.retrieval.prefixes import choose_prefixes, search_query_prefix
 from sleuth.types import Passage
 
 INDEX_FILE = "faiss.index"
+FLAT_TYPES = ("IndexFlatIP", "IndexFlat")  # exact indexes: their vectors are stored as they are
 PARAMS_FILE = "sleuth_dense.json"
 
 
@@ -284,7 +285,7 @@ class DenseRetriever:
         self.num_empty_queries = 0
         self.searcher = self.index  # what answers ``search(q_QD, k)``: faiss, or torch on the given devices
         if search_devices:  # opt-in (sleuth serve --search-devices): the vectors then live in those devices' memory
-            if type(self.index).__name__ not in ("IndexFlatIP", "IndexFlat"):
+            if type(self.index).__name__ not in FLAT_TYPES:
                 raise ValueError(f"searching on {search_devices} needs a Flat index; this one is "
                                  f"{type(self.index).__name__} (faiss-gpu searches compressed ones)")
             from sleuth.retrieval.torch_flat import TorchFlatSearch  # lazy: torch, only for GPU search

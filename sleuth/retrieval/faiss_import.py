@@ -21,13 +21,10 @@ from pathlib import Path
 
 from sleuth import __version__
 from sleuth.retrieval.corpus import ingest_jsonl
-from sleuth.retrieval.dense import INDEX_FILE, PARAMS_FILE, read_mapped
+from sleuth.retrieval.dense import FLAT_TYPES, INDEX_FILE, PARAMS_FILE, read_mapped
 from sleuth.retrieval.encoder import encode_queries, load_encoder
 from sleuth.retrieval.index import FORMAT_VERSION, META_FILE, REPLACED_PARTS, prepare_out
 from sleuth.retrieval.prefixes import choose_prefixes
-
-FLAT_TYPES = ("IndexFlatIP", "IndexFlat")
-
 
 class FaissImportError(ValueError):
     """An import whose inputs do not fit together (a ``ValueError``: the CLI prints it as an input error)."""

@@ -284,11 +284,12 @@ class HFBackend:
         return [(layer.keys[0], layer.values[0]) for layer in cache.layers]
 
     def _stash(self, cache, mask_BL, done: list[tuple[int, int]], prompts, results) -> None:
-        """Keep the keys/values of the rows that just finished (``(batch position, row)`` pairs),
-        keyed by the tokens they cover: prompt + generated tokens but the last (never fed)."""
+        """Keep the keys/values of the rows that finished (``(batch position, row)`` pairs), keyed by
+        the tokens they cover: prompt + generated tokens but the last (never fed). The first slots
+        of the row that many: hf_static may have fed a row a few tokens past its end."""
         for b, i in done:
             tokens = prompts[i] + results[i].token_ids[:-1]
-            slots = mask_BL[b].nonzero().squeeze(1)
+            slots = mask_BL[b].nonzero().squeeze(1)[: len(tokens)]
             if slots.numel() == len(tokens):  # always, unless a model changed the cache layout
                 self._store.put(tokens, row_kv(cache, b, slots))
 

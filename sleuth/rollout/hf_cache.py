@@ -142,9 +142,14 @@ def assemble(prefixes: list[KV | None], lengths: list[int], capacity: int) -> KV
 
 
 def row_kv(cache, b: int, slots: torch.Tensor) -> KV:
-    """Copy row ``b``'s keys/values at ``slots`` (its valid cache slots, in order) out of ``cache``."""
-    return [(layer.keys[b].index_select(1, slots), layer.values[b].index_select(1, slots))
-            for layer in cache.layers]  # fmt: skip
+    """Copy row ``b``'s keys/values at ``slots`` (its valid cache slots, in order) out of ``cache``
+    (a :class:`SlotLayer`'s whole buffer: under hf_static its ``keys`` view is not kept up to date)."""
+    out = []
+    for layer in cache.layers:
+        keys, values = (layer.k_buf, layer.v_buf) if getattr(layer, "k_buf", None) is not None else (layer.keys,
+                                                                                                    layer.values)
+        out.append((keys[b].index_select(1, slots), values[b].index_select(1, slots)))
+    return out
 
 
 class PrefixStore:

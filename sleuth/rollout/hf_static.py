@@ -60,7 +60,8 @@ def uniforms(seed_B: torch.Tensor, counter_B: torch.Tensor) -> torch.Tensor:
 
 
 class StaticHFBackend(HFBackend):
-    """See the module docstring. ``compile``: run the decode step through ``torch.compile``;
+    """See the module docstring. ``compile``: run the decode step through ``torch.compile``
+    (``compile_mode``; None: reduce-overhead, i.e. CUDA graphs, on a GPU, the default mode elsewhere);
     ``sync_every``: tokens decoded between host synchronisations (None: 8 on CUDA, 1 on CPU)."""
 
     def __init__(self, model, tokenizer, eos_token_ids=None, *, compile: bool = False, sync_every: int | None = None,
@@ -81,6 +82,8 @@ class StaticHFBackend(HFBackend):
         self.sync_every, self.compiled = sync_every, compile
         self._step = self._forward_step
         if compile:
+            if compile_mode is None:  # CUDA graphs on a GPU
+                compile_mode = "reduce-overhead" if self.device.type == "cuda" else None
             self._step = torch.compile(self._forward_step, dynamic=False, mode=compile_mode)
 
     def _forward_step(self, tokens_B1, mask_B11W, pos_B1, cache):
@@ -142,26 +145,16 @@ class StaticHFBackend(HFBackend):
             next_pos_B = next_pos_B + 1
 
     def _stash_finished(self, cache, mask_BW, active, live, stashed: set[int], prompts, results) -> None:
-        """Keep the keys/values of rows that finished since the last sync (the session's store; ``stashed``:
-        the rows already kept). A row's cache may hold keys of tokens decoded after its end: only the
-        slots its kept tokens cover go."""
+        """Keep the keys/values of rows that finished since the last sync (``stashed``: the rows
+        already kept) in the session's store, as ``hf`` does (:meth:`HFBackend._stash`)."""
         still = set(live)
-        for b in range(len(active)):
-            i = active[b]
-            if b in still or i in stashed:
-                continue
-            stashed.add(i)
-            tokens = prompts[i] + results[i].token_ids[:-1]
-            slots = mask_BW[b].nonzero().squeeze(1)[: len(tokens)]
-            if slots.numel() == len(tokens):
-                self._store.put(tokens, [(layer.k_buf[b].index_select(1, slots), layer.v_buf[b].index_select(1, slots))
-                                         for layer in cache.layers])  # fmt: skip
+        done = [(b, i) for b, i in enumerate(active) if b not in still and i not in stashed]
+        stashed.update(i for _, i in done)
+        self._stash(cache, mask_BW, done, prompts, results)
 
 
 def hf_backend(model, tokenizer, rollout) -> HFBackend:
     """The HF-family backend ``rollout.backend`` names (``hf`` or ``hf_static``, with its settings)."""
     if rollout.backend == "hf_static":
-        mode = "reduce-overhead" if rollout.hf_compile and next(model.parameters()).device.type == "cuda" else None
-        return StaticHFBackend(model, tokenizer, compile=rollout.hf_compile, sync_every=rollout.hf_sync_every,
-                               compile_mode=mode)  # fmt: skip
+        return StaticHFBackend(model, tokenizer, compile=rollout.hf_compile, sync_every=rollout.hf_sync_every)
     return HFBackend(model, tokenizer)

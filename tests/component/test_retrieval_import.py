@@ -86,21 +86,15 @@ def test_mismatches_are_clear_errors(outside, tmp_path, capsys):
     extra.write_text((root / "corpus.jsonl").read_text() + json.dumps({"id": "x", "contents": "one more"}) + "\n")
     assert main(base + ["--faiss", str(root / "e5_Flat.index"), "--corpus", str(extra), "--out", str(tmp_path / "a")]) == 2
     assert f"holds {N} vectors but --corpus {extra} has {N + 1} passages" in capsys.readouterr().err
-    small = faiss.IndexFlatIP(16)
-    small.add(np.ones((N, 16), dtype=np.float32))
-    faiss.write_index(small, str(tmp_path / "d16.index"))
-    assert main(base + ["--faiss", str(tmp_path / "d16.index"), "--corpus", str(root / "corpus.jsonl"),
-                        "--out", str(tmp_path / "b")]) == 2
-    assert "gives 384-dimensional vectors but --faiss" in capsys.readouterr().err
-    l2 = faiss.IndexFlatL2(384)
-    l2.add(np.ones((N, 384), dtype=np.float32))
-    faiss.write_index(l2, str(tmp_path / "l2.index"))
-    assert main(base + ["--faiss", str(tmp_path / "l2.index"), "--corpus", str(root / "corpus.jsonl"),
-                        "--out", str(tmp_path / "c")]) == 2
-    assert "L2 distance" in capsys.readouterr().err
+    corpus = ["--corpus", str(root / "corpus.jsonl")]
+    for index, name, words in ((faiss.IndexFlatIP(16), "b", "gives 384-dimensional vectors but --faiss"),
+                               (faiss.IndexFlatL2(384), "c", "L2 distance")):
+        index.add(np.ones((N, index.d), dtype=np.float32))
+        faiss.write_index(index, str(tmp_path / f"{name}.index"))
+        assert main(base + ["--faiss", str(tmp_path / f"{name}.index"), *corpus, "--out", str(tmp_path / name)]) == 2
+        assert words in capsys.readouterr().err
     (tmp_path / "junk.index").write_bytes(b"not a faiss file")
-    assert main(base + ["--faiss", str(tmp_path / "junk.index"), "--corpus", str(root / "corpus.jsonl"),
-                        "--out", str(tmp_path / "d")]) == 2
+    assert main(base + ["--faiss", str(tmp_path / "junk.index"), *corpus, "--out", str(tmp_path / "d")]) == 2
     assert "is not a faiss index faiss can read" in capsys.readouterr().err
     assert not any((tmp_path / x).exists() for x in ("a", "b", "c", "d"))  # refused before writing anything
 
