@@ -26,6 +26,7 @@ COMMAND_MODULES = [
     "sleuth.retrieval.serve_cli",  # sleuth serve
     "sleuth.eval.cli",  # sleuth eval, sleuth ask
     "sleuth.data.cli",  # sleuth data prepare
+    "sleuth.view.cli",  # sleuth view
 ]
 
 

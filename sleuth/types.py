@@ -143,6 +143,8 @@ class SearchOutcome:
     titles: list[list[str]]  # the titles of those passages
     observation: str  # the injected text: rendered passages or the format's error message
     error: str | None = None  # the retriever's exception (``Type: message``) when the search failed
+    texts: list[list[str]] = field(default_factory=list)  # the passages' texts as retrieved (before the
+    # observation cut them to ``max_obs_tokens``), same shape as ``passage_ids``; [] when not recorded
 
     @property
     def failed(self) -> bool:

@@ -80,10 +80,10 @@ def _example(row: dict) -> list[str]:
 
 
 def write_report(out: Path, result: dict, *, base: tuple, trained: tuple, metrics_path: Path, setting: dict,
-                 try_it: list[str] = ()) -> None:
+                 try_it: list[str] = (), view_it: str | None = None) -> None:
     (base_summary, base_rows), (trained_summary, trained_rows) = base, trained
     plots = _plots(out, result, base_summary, trained_summary, metrics_path)
-    fmt = lambda v: "n/a" if v is None else f"{v:.3f}"  # noqa: E731
+    fmt = lambda v: "n/a" if v is None else f"{v:.3f}"
     lines = [
         "# Sleuth demo: a tiny model learns to search",
         "",
@@ -113,4 +113,10 @@ def write_report(out: Path, result: dict, *, base: tuple, trained: tuple, metric
                   "The world is in `world/` and the trained run in `with_search/` (its `config.yaml` gives "
                   "`ask` and `eval` the protocol and budget it was trained with):", "",
                   "```bash", *try_it, "```", ""]
+    if view_it:
+        lines += ["## Look at the trajectories", "",
+                  "Open the run in the viewer (curves, every logged trajectory with its searches and which tokens "
+                  "were trained, the same question across steps; the second directory is the run trained "
+                  "without search, compared question by question), then browse http://127.0.0.1:8765/:", "",
+                  "```bash", view_it, "```", ""]
     (out / "report.md").write_text("\n".join(lines))

@@ -108,11 +108,12 @@ def run_demo(out: Path, *, steps: int = DEMO_STEPS, seed: int = 0, world_seed: i
     try_it = try_commands(out, world.test[0].text)
     write_report(out, result, base=(base_summary, base_rows), trained=(trained_summary, trained_rows),
                  metrics_path=out / "with_search" / "metrics.jsonl", setting={"steps": steps, "model": model_path},
-                 try_it=try_it)
+                 try_it=try_it, view_it=view_command(out))
     (out / "result.json").write_text(json.dumps(result, indent=2))
     _stage(f"report: {out / 'report.md'}", t0)
     if progress:
         print(f"ask the trained model: {try_it[0]}", flush=True)
+        print(f"browse its curves and trajectories: {view_command(out)}", flush=True)
     return result
 
 
@@ -143,3 +144,11 @@ def try_commands(out: Path, question: str) -> list[str]:
     return [f"{cmd} ask {shlex.quote(question)} --model {run} --corpus {corpus}",
             f"{cmd} eval --model {run} --data {shlex.quote(str(world / 'test.jsonl'))} --corpus {corpus} "
             f"--out {shlex.quote(str(out / 'eval'))}"]
+
+
+def view_command(out: Path) -> str:
+    """The shell command that opens the demo's runs in ``sleuth view`` (with search, compared with the
+    run trained without search)."""
+    import shlex
+
+    return f"{sleuth_command()} view {shlex.quote(str(out / 'with_search'))} {shlex.quote(str(out / 'no_search'))}"

@@ -32,9 +32,10 @@ from pathlib import Path
 
 from sleuth.config import RolloutConfig
 from sleuth.eval.metrics import EvalPerf, EvalSummary, score_trajectory, summarize
+from sleuth.records import prompt_record, segment_records, turn_records
 from sleuth.rollout.formats import normalize_question
 from sleuth.rollout.loop import run_rollouts
-from sleuth.types import ActionKind, Passage, Question, Trajectory, Turn
+from sleuth.types import Passage, Question, Trajectory
 
 DIRECT_INSTRUCTION = (
     "Answer the given question directly, from your own knowledge; no search engine is available. "
@@ -120,35 +121,18 @@ class DiskCachedRetriever:
         self._db.close()
 
 
-def turn_record(turn: Turn) -> dict:
-    """One policy turn of a ``trajectories.jsonl`` row: its text and action; the answer; for a
-    search its (first) query and, when it was executed, that query's passage ids and titles (both
-    empty when the search failed), else ``executed: False`` (final round, or cut by its cap)."""
-    action = turn.action
-    record: dict = {"text": turn.text, "action": action.kind.value}
-    if action.kind is ActionKind.ANSWER:
-        record["answer"] = action.answer
-    elif action.kind is ActionKind.SEARCH:
-        record["query"] = action.queries[0] if action.queries else None  # none: the loop made it invalid
-        if turn.search is None:
-            record["executed"] = False
-        else:
-            record["passage_ids"] = list(turn.search.passage_ids[0])
-            record["titles"] = list(turn.search.titles[0])
-    return record
-
-
-def turn_records(traj: Trajectory) -> list[dict]:
-    """:func:`turn_record` of each policy turn, in order."""
-    return [turn_record(t) for t in traj.turns]
+ROW_TEXT_LIMIT = 8000  # characters of a segment's text kept in a ``trajectories.jsonl`` row
 
 
 def trajectory_row(traj: Trajectory) -> dict:
-    """One ``trajectories.jsonl`` row: the scores of ``score_trajectory``, every turn, the response."""
+    """One ``trajectories.jsonl`` row: the scores of ``score_trajectory``, every turn (with its
+    searches' passages), the response, the prompt and the segments (``sleuth.records``)."""
     row = score_trajectory(traj)
     row["retrieval_errors"] = traj.num_retrieval_errors
     row["turns_detail"] = turn_records(traj)
     row["response"] = traj.response_text
+    row["prompt"] = prompt_record(traj, ROW_TEXT_LIMIT)
+    row["segments"] = segment_records(traj, ROW_TEXT_LIMIT)
     return row
 
 

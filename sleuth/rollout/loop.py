@@ -241,7 +241,8 @@ def _retrieve_round(searching, retriever, k, render, fmt, cfg, stats) -> None:
                 observations[key] = fit_observation(results, render, cfg.max_obs_tokens, row.last_eos)
             ids, text = observations[key]
             traj.turns[-1].search = SearchOutcome([[p.id for p in ps] for _, ps in results],
-                                                  [[p.title for p in ps] for _, ps in results], text)
+                                                  [[p.title for p in ps] for _, ps in results], text,
+                                                  texts=[[p.text for p in ps] for _, ps in results])
         else:
             traj.passage_ids += [[] for _ in queries]
             traj.num_retrieval_errors += 1

@@ -16,6 +16,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from sleuth.eval.metrics import score_trajectory
+from sleuth.records import prompt_record, segment_records, turn_records
 from sleuth.train.files import fsync_path, write_text_atomic
 from sleuth.types import Trajectory
 
@@ -30,20 +32,20 @@ def _clean(value: Any) -> Any:
 
 
 def trajectory_record(traj: Trajectory, tokenizer=None, max_chars: int = 4000) -> dict[str, Any]:
-    """A human-readable dump of one trajectory with its segments and masks visible."""
+    """A human-readable dump of one trajectory: the question, its scores (``score_trajectory``: EM,
+    F1, searches, stop reason ...), the reward, every turn with its searches' passages, the prompt,
+    and the segments after it with their masks (kind) and roles (``sleuth.records``)."""
+    scores = score_trajectory(traj)
+    del scores["id"]  # this file calls it question_id
     return {
         "question_id": traj.question.id,
-        "question": traj.question.text,
-        "golden_answers": list(traj.question.golden_answers),
+        **scores,
         "sample_index": traj.sample_index,
-        "stop_reason": traj.stop_reason.value if traj.stop_reason else None,
-        "answer": traj.answer,
         "reward": traj.reward,
-        "queries": traj.queries,
         "passage_ids": traj.passage_ids,
-        "segments": [
-            {"kind": s.kind.value, "n_tokens": len(s.token_ids), "text": s.text[:max_chars]} for s in traj.segments[1:]
-        ],
+        "turns_detail": turn_records(traj),
+        "prompt": prompt_record(traj, max_chars),
+        "segments": segment_records(traj, max_chars),
     }
 
 

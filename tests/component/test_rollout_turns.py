@@ -5,7 +5,7 @@ their error, searches the loop did not run, several queries in one turn."""
 import pytest
 
 from sleuth.config import RolloutConfig
-from sleuth.eval.evaluate import turn_records
+from sleuth.records import turn_records
 from sleuth.retrieval.memory import InMemoryRetriever
 from sleuth.rollout.formats import get_format
 from sleuth.rollout.loop import run_rollouts
@@ -60,7 +60,8 @@ def test_a_failed_search_keeps_its_error_and_empty_passage_lists():
     assert first.search.observation == t.retrieved_text[0] == t.segments[2].text
     assert answer.action.answer == "Paris" and t.answer == "Paris"
     assert turn_records(t)[0] == {"text": first.text, "action": "search", "query": "capital of France",
-                                  "passage_ids": [], "titles": []}
+                                  "passage_ids": [], "titles": [], "error": "ConnectionError: refused",
+                                  "searches": [{"query": "capital of France", "passages": []}]}
 
 
 def test_several_queries_in_one_turn_stay_paired_with_their_passages():
@@ -76,5 +77,11 @@ def test_several_queries_in_one_turn_stay_paired_with_their_passages():
     assert first.search.passage_ids == [["p1", "p2"], ["p2", "p1"]] and t.passage_ids[:2] == first.search.passage_ids
     assert second.search.passage_ids == [["p3", "p1"]] == t.passage_ids[2:]
     records = turn_records(t)
-    assert records[1] == {"text": second.text, "action": "search", "query": "zoo Spree", "passage_ids": ["p3", "p1"],
-                          "titles": ["Berlin", "Paris"]}
+    assert {k: v for k, v in records[1].items() if k != "searches"} == {
+        "text": second.text, "action": "search", "query": "zoo Spree", "passage_ids": ["p3", "p1"],
+        "titles": ["Berlin", "Paris"]}
+    # every query of a turn with its own passages, their texts as the retriever returned them
+    as_found = {p.id: p for p in (PARIS, ROME, ZOO)}
+    assert [s["query"] for s in records[0]["searches"]] == ["capital of France", "Italy"]
+    assert [[(p["id"], p["title"], p["text"]) for p in s["passages"]] for s in records[0]["searches"]] == [
+        [(i, as_found[i].title, as_found[i].text) for i in ids] for ids in first.search.passage_ids]

@@ -28,6 +28,7 @@ def test_demo_cli_runs_end_to_end_and_reports(tmp_path, capsys):
     report = (out / "report.md").read_text()
     assert "| | base | trained with search | trained without search |" in report
     assert "## Try the trained model" in report and f"--model {out / 'with_search'}" in report
+    assert "## Look at the trajectories" in report and f"view {out / 'with_search'} {out / 'no_search'}" in report
     # both runs trained exactly one step and wrote their trajectories
     for run in ("with_search", "no_search"):
         steps = [json.loads(line)["step"] for line in (out / run / "metrics.jsonl").read_text().splitlines()]
@@ -77,6 +78,19 @@ def test_demo_learns_to_search(tmp_path, capsys):
     ev = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert ev["em"] == pytest.approx(result["trained_em"]), (ev, result)
     assert ev["by_source"]["world_2hop"]["em"] == pytest.approx(result["two_hop_em"]), (ev, result)
+    # what `sleuth view` shows of each trajectory: its searches with their queries and the passages'
+    # texts, the observations marked as such, in the run's samples.jsonl and in the eval's rows
+    samples = [json.loads(line) for line in (out / "with_search" / "samples.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (tmp_path / "eval" / "trajectories.jsonl").read_text().splitlines()]
+    for records in (samples, rows):
+        searched = [x for x in records if x["searches"]]
+        assert len(searched) >= len(records) // 2
+        for x in searched:
+            turns = [t for t in x["turns_detail"] if t.get("searches")]
+            assert len(turns) == x["searches"] == sum(s["role"] == "information" for s in x["segments"])
+            assert [q["query"] for t in turns for q in t["searches"]] == x["queries"]
+            assert all(p["text"] and p["id"] for t in turns for q in t["searches"] for p in q["passages"])
+            assert x["prompt"]["n_tokens"] > 0
 
 
 LEARN_WORLD = (1, 200)  # seed, entities: 137 test questions

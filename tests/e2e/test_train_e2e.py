@@ -88,6 +88,14 @@ def test_train_changes_every_parameter_and_logs(world, tmp_path):
     assert "eval/em" in rows[-1]
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert samples and {"sampled", "injected"} >= {s["kind"] for x in samples for s in x["segments"]}
+    for x in samples:  # what `sleuth view` shows: scores, the prompt, segment roles, searches with passage texts
+        assert x["data_source"] and x["em"] in (0.0, 1.0) and x["searches"] == len(x["queries"])
+        assert x["prompt"]["n_tokens"] > 0 and x["prompt"]["text"]
+        assert [s["role"] == "sampled" for s in x["segments"]] == [s["kind"] == "sampled" for s in x["segments"]]
+        searched = [t for t in x["turns_detail"] if t.get("searches")]
+        assert len(searched) == x["searches"]
+        assert sum(s["role"] == "information" for s in x["segments"]) == x["searches"]
+        assert all(p["text"] and p["id"] for t in searched for q in t["searches"] for p in q["passages"])
     before = AutoModelForCausalLM.from_pretrained(world / "model")
     after, _ = load_policy(str(out), device="cpu")  # a run dir resolves to its latest policy
     changed = [not torch.equal(p, q) for p, q in zip(before.parameters(), after.parameters())]

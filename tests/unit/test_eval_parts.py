@@ -7,7 +7,8 @@ import pytest
 
 from sleuth.data.prepare import dataset_and_split
 from sleuth.errors import UserError
-from sleuth.eval.evaluate import DIRECT_INSTRUCTION, NoSearchFormat, turn_records
+from sleuth.eval.evaluate import DIRECT_INSTRUCTION, NoSearchFormat
+from sleuth.records import PASSAGE_TEXT_LIMIT, prompt_record, segment_records, segment_roles, turn_records
 from sleuth.eval.judge import JudgeError, chat_url, parse_verdict
 from sleuth.eval.report import check_setting, read_finished
 from sleuth.rollout.formats import get_format
@@ -128,15 +129,49 @@ def test_turn_records_pair_searches_with_executed_queries():
         Segment.sampled([4], [-0.1], "<search> again </search>"),  # final round: not executed
     ]
     # the rollout loop records each turn as it handles it: the first search executed, the second not
-    executed = SearchOutcome([["p1", "p2"]], [["Paris", "France"]], segs[2].text)
+    long = "x" * (PASSAGE_TEXT_LIMIT + 5)
+    executed = SearchOutcome([["p1", "p2"]], [["Paris", "France"]], segs[2].text,
+                             texts=[["Paris is the capital.", long]])
     traj = Trajectory(q, 0, segs, stop_reason=StopReason.MAX_TURNS, queries=["france capital"],
                       passage_ids=[["p1", "p2"]], num_turns=2, num_searches=1,
                       turns=[Turn(segs[1].text, fmt.parse_action(segs[1].text), search=executed),
                              Turn(segs[3].text, fmt.parse_action(segs[3].text))])
     turns = turn_records(traj)
     assert turns[0] == {"text": segs[1].text, "action": "search", "query": "france capital",
-                        "passage_ids": ["p1", "p2"], "titles": ["Paris", "France"]}
+                        "passage_ids": ["p1", "p2"], "titles": ["Paris", "France"],
+                        "searches": [{"query": "france capital", "passages": [
+                            {"id": "p1", "title": "Paris", "text": "Paris is the capital."},
+                            {"id": "p2", "title": "France", "text": "x" * PASSAGE_TEXT_LIMIT}]}]}
     assert turns[1] == {"text": segs[3].text, "action": "search", "query": "again", "executed": False}
+    assert segment_records(traj, 6) == [
+        {"kind": "sampled", "role": "sampled", "n_tokens": 1, "text": segs[1].text[:6]},
+        {"kind": "injected", "role": "information", "n_tokens": 1, "text": segs[2].text[:6]},
+        {"kind": "sampled", "role": "sampled", "n_tokens": 1, "text": segs[3].text[:6]}]
+    assert prompt_record(traj, 3) == {"n_tokens": 1, "text": "PRO"}
+
+
+def test_segment_roles_come_from_the_turn_before_each_injection():
+    """An observation follows an executed search (``search_error`` when it failed), the corrective
+    message an invalid turn, and whatever else is injected (a nudge, also one before any turn) is a
+    nudge: read from the turns, never from the text."""
+    fmt = get_format("search_r1")
+    q = Question("q/1", "capital of France", ["Paris"])
+    texts = ["<search> a </search>", "<search> b </search>", "nonsense", "<answer> Paris </answer>"]
+    segs = [Segment.injected([1], "PROMPT"), Segment.injected([1], "nudge first"),
+            Segment.sampled([2], [-0.1], texts[0]), Segment.injected([3], "<information>made up</information>"),
+            Segment.injected([3], "final nudge"),
+            Segment.sampled([2], [-0.1], texts[1]), Segment.injected([3], "error text"),
+            Segment.sampled([2], [-0.1], texts[2]), Segment.injected([3], "<information>looks like one</information>"),
+            Segment.sampled([2], [-0.1], texts[3])]
+    ok = SearchOutcome([["p1"]], [["Paris"]], "obs")
+    failed = SearchOutcome([[]], [[]], "err", error="ConnectionError: refused")
+    turns = [Turn(texts[0], fmt.parse_action(texts[0]), search=ok), Turn(texts[1], fmt.parse_action(texts[1]), search=failed),
+             Turn(texts[2], fmt.parse_action(texts[2])), Turn(texts[3], fmt.parse_action(texts[3]))]
+    traj = Trajectory(q, 0, segs, turns=turns)
+    assert segment_roles(traj) == ["nudge", "sampled", "information", "nudge", "sampled", "search_error",
+                                   "sampled", "corrective", "sampled"]
+    assert turn_records(traj)[1]["error"] == "ConnectionError: refused"
+    assert turn_records(traj)[1]["searches"] == [{"query": "b", "passages": []}]
 
 
 def test_default_format(tmp_path, monkeypatch):
