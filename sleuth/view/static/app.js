@@ -209,13 +209,23 @@ function writeFilters(values) {
   for (const el of $("#filters").elements) if (el.name) el.value = values[el.name] || "";
 }
 
+// Each render of a pane counts itself; an answer that arrives after a newer request was made is dropped
+// (a poll and a filter change, say, may answer out of order).
+const latest = {};
+async function fresh(pane, request) {
+  const ticket = (latest[pane] = (latest[pane] || 0) + 1);
+  const out = await request;
+  return ticket === latest[pane] ? out : null;
+}
+
 async function renderList() {
   const body = $("#list tbody");
-  const out = await api("/api/samples", { src: state.src, offset: state.offset, limit: state.limit, ...state.filters });
+  const out = await fresh("list", api("/api/samples", { src: state.src, offset: state.offset, limit: state.limit, ...state.filters }));
+  if (!out) return null;
   body.replaceChildren(...out.rows.map((r) => h("tr", {
       dataset: { i: r.i }, class: r.i === state.selected ? "selected" : "",
       onclick: () => go("trajectories", { ...state.filters, src: state.src, offset: state.offset, i: r.i }) },
-    h("td", { class: "num" }, r.step ?? "–"), h("td", {}, r.data_source),
+    h("td", { class: "num" }, r.step ?? "–"), h("td", { class: "src", title: r.data_source }, r.data_source),
     h("td", { class: "q", title: r.question }, r.question), h("td", { class: "a", title: r.answer ?? "" }, r.answer ?? "–"),
     h("td", { class: "num" }, fmt(r.reward, 2)), h("td", { class: "num" }, fmt(r.em, 0)),
     h("td", { class: "num" }, r.searches), h("td", {}, r.stop_reason ?? "–"))));
@@ -234,7 +244,14 @@ function segmentBlock(seg) {
   const label = trained ? `sampled · trained · ${seg.n_tokens ?? "?"} tokens`
     : (role === "injected" ? "" : role.replace("_", " ") + " · ") + `injected · not trained · ${seg.n_tokens ?? "?"} tokens`;
   return h("div", { class: `seg ${trained ? "sampled" : "injected"} ${role}`, dataset: { kind: seg.kind, role } },
-    h("div", { class: "label" }, label), h("pre", {}, seg.text));
+    h("div", { class: "label" }, label), h("pre", {}, ...showNewlines(seg.text)));
+}
+
+// Newlines that open or close a segment are part of what the model saw: shown as ↵ marks, not as blank lines.
+function showNewlines(text) {
+  const m = /^(\n*)([\s\S]*?)(\n*)$/.exec(text || "");
+  const mark = (n) => n ? h("span", { class: "nl", title: `${n} newline${n > 1 ? "s" : ""}` }, "↵".repeat(n)) : null;
+  return [mark(m[1].length), m[2], mark(m[3].length)].filter((x) => x !== null && x !== "");
 }
 
 function searchesBlock(rec) {
@@ -302,8 +319,8 @@ function recordView(rec, i, src) {
 async function renderDetail() {
   const pane = $("#detail");
   if (state.selected === null) { pane.replaceChildren(h("p", { class: "muted" }, "Pick a trajectory on the left.")); return; }
-  const out = await api("/api/sample", { src: state.src, i: state.selected });
-  pane.replaceChildren(recordView(out.record, out.i, state.src));
+  const out = await fresh("detail", api("/api/sample", { src: state.src, i: state.selected }));
+  if (out) pane.replaceChildren(recordView(out.record, out.i, state.src));
 }
 
 // ---------- compare ----------
@@ -313,7 +330,8 @@ async function renderPairs() {
   if (n < 2) { box.replaceChildren(h("p", { class: "muted" }, "Open two directories (sleuth view A B) to compare them question by question; one question's samples across steps are below.")); return; }
   const a = 0, b = state.src === 0 ? 1 : state.src;  // the first directory (a baseline) against the shown one
   const changed = box.dataset.changed === "1";
-  const out = await api("/api/pairs", { a, b, changed, limit: 200 });
+  const out = await fresh("pairs", api("/api/pairs", { a, b, changed, limit: 200 }));
+  if (!out) return;
   const [na, nb] = [state.info.sources[a].name, state.info.sources[b].name];
   const toggle = h("label", {}, h("input", { type: "checkbox", id: "changed-only", checked: changed,
     onchange: (ev) => { box.dataset.changed = ev.target.checked ? "1" : "0"; renderPairs(); } }), " only questions whose EM changed");
@@ -328,7 +346,8 @@ async function renderCompare(qid) {
   const out$ = $("#compare-out");
   $("#compare-form").elements.qid.value = qid || "";
   if (!qid) { out$.replaceChildren(); return; }
-  const out = await api("/api/compare", { qid });
+  const out = await fresh("compare", api("/api/compare", { qid }));
+  if (!out) return;
   const cols = [];
   for (const src of out.sources) for (const rec of src.records) {
     cols.push(h("div", { class: "col" }, h("h3", {}, `${src.name}` + (rec.step !== undefined ? ` · step ${rec.step}` : "") + (rec.sample_index !== undefined ? ` · sample ${rec.sample_index}` : "")),
@@ -410,7 +429,9 @@ async function render() {
 
 async function poll() {
   try {
+    const wasIndexed = state.info && current().indexed, wasRows = state.info && current().samples;
     await loadInfo();
+    if (route().view === "trajectories" && (!wasIndexed || current().samples !== wasRows)) await renderList();
     const fresh = await loadMetrics();
     status();
     if (fresh && route().view === "curves") renderCurves();
