@@ -6,7 +6,7 @@ reading the whole file (what a viewer that loads every sample does), measured in
 A run directory is generated in a temporary directory (removed at the end unless ``--keep``):
 ``--samples`` rows of ``samples.jsonl`` in the current format (a prompt, four segments with roles,
 two searches with three passages each; questions from ``../shared/data``'s NQ and HotpotQA dev files and passage
-texts from its ``wiki_dev`` corpus when present, else generated words; about 5 KB a row, as
+texts from its ``wiki_dev`` corpus when present, else generated words; about 7 KB a row, as
 SmolLM2 runs log) and a ``metrics.jsonl`` of one row per 32 samples. Figures:
 
 * ``open_s``: from opening the directory (``Source``, the app) to the page's first render served:
