@@ -16,6 +16,7 @@ from __future__ import annotations
 from sleuth.types import ActionKind, SegmentKind, Trajectory, Turn
 
 PASSAGE_TEXT_LIMIT = 1500  # characters of each passage's text kept in a record
+SEGMENT_TEXT_LIMIT = 4000  # characters of a segment's (or the prompt's) text kept in a record
 
 
 def turn_record(turn: Turn) -> dict:

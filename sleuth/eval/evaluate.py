@@ -32,7 +32,7 @@ from pathlib import Path
 
 from sleuth.config import RolloutConfig
 from sleuth.eval.metrics import EvalPerf, EvalSummary, score_trajectory, summarize
-from sleuth.records import prompt_record, segment_records, turn_records
+from sleuth.records import SEGMENT_TEXT_LIMIT, prompt_record, segment_records, turn_records
 from sleuth.rollout.formats import normalize_question
 from sleuth.rollout.loop import run_rollouts
 from sleuth.types import Passage, Question, Trajectory
@@ -121,9 +121,6 @@ class DiskCachedRetriever:
         self._db.close()
 
 
-ROW_TEXT_LIMIT = 8000  # characters of a segment's text kept in a ``trajectories.jsonl`` row
-
-
 def trajectory_row(traj: Trajectory) -> dict:
     """One ``trajectories.jsonl`` row: the scores of ``score_trajectory``, every turn (with its
     searches' passages), the response, the prompt and the segments (``sleuth.records``)."""
@@ -131,8 +128,8 @@ def trajectory_row(traj: Trajectory) -> dict:
     row["retrieval_errors"] = traj.num_retrieval_errors
     row["turns_detail"] = turn_records(traj)
     row["response"] = traj.response_text
-    row["prompt"] = prompt_record(traj, ROW_TEXT_LIMIT)
-    row["segments"] = segment_records(traj, ROW_TEXT_LIMIT)
+    row["prompt"] = prompt_record(traj, SEGMENT_TEXT_LIMIT)
+    row["segments"] = segment_records(traj, SEGMENT_TEXT_LIMIT)
     return row
 
 

@@ -24,11 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sleuth.errors import UserError
+from sleuth.records import SEGMENT_TEXT_LIMIT
 from sleuth.rollout.chat import ChatRenderer
 from sleuth.train.files import write_text_atomic
 from sleuth.types import Question
 
-SAMPLE_TEXT_LIMIT = 4000  # train/logging.trajectory_record cuts a segment's text here
+SAMPLE_TEXT_LIMIT = SEGMENT_TEXT_LIMIT  # a run's samples.jsonl (and an eval's rows) cut a segment's text here
 
 
 @dataclass

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from sleuth.eval.metrics import score_trajectory
-from sleuth.records import prompt_record, segment_records, turn_records
+from sleuth.records import SEGMENT_TEXT_LIMIT, prompt_record, segment_records, turn_records
 from sleuth.train.files import fsync_path, write_text_atomic
 from sleuth.types import Trajectory
 
@@ -31,7 +31,7 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def trajectory_record(traj: Trajectory, tokenizer=None, max_chars: int = 4000) -> dict[str, Any]:
+def trajectory_record(traj: Trajectory, tokenizer=None, max_chars: int = SEGMENT_TEXT_LIMIT) -> dict[str, Any]:
     """A human-readable dump of one trajectory: the question, its scores (``score_trajectory``: EM,
     F1, searches, stop reason ...), the reward, every turn with its searches' passages, the prompt,
     and the segments after it with their masks (kind) and roles (``sleuth.records``)."""

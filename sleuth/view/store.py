@@ -7,8 +7,8 @@ question and queries for full-text search); a record is read back from its offse
 Indexing runs on a background thread (:meth:`JsonlIndex.poke`), so a large file opens at once and
 its rows become filterable as the index grows; a later poke reads only what was appended (a run
 still going). A last line without its newline (a torn write, or one being written) is not read
-until it is complete; a line that does not parse is skipped and counted; a file that shrank (a
-resumed run dropped its last steps) is indexed again from the start.
+until it is complete; a line that does not parse is skipped and counted; a file that shrank or was
+replaced (a resumed run rewrites its logs without the steps it re-does) is indexed again from the start.
 """
 
 from __future__ import annotations
@@ -114,6 +114,7 @@ class JsonlIndex:
         self._read_to = 0  # how far the indexer has read (the torn tail included)
         self._target = 0  # the file's size when indexing was last asked for
         self._size_seen = 0
+        self._file_id: tuple[int, int] | None = None  # (device, inode) of the file indexed
         self._lock = threading.Lock()  # one indexer at a time
         self._thread: threading.Thread | None = None
         self.error: str | None = None
@@ -126,21 +127,29 @@ class JsonlIndex:
         """Whether everything the file held when indexing was last asked for is indexed."""
         return self._read_to >= self._target
 
-    def _stat(self) -> int:
+    def _stat(self) -> tuple[int, tuple[int, int] | None]:
+        """The file's size and identity (0, None while it does not exist)."""
         try:
-            return self.path.stat().st_size
+            st = self.path.stat()
         except FileNotFoundError:
-            return 0
+            return 0, None
+        return st.st_size, (st.st_dev, st.st_ino)
+
+    def _replaced(self, size: int, file_id) -> bool:
+        """Whether the file is not the one indexed: shorter, or another file under the same name (a
+        resumed run rewrites its logs into a new file and renames it over the old one)."""
+        return size < self._size_seen or (self._file_id is not None and file_id != self._file_id)
 
     def poke(self) -> None:
         """Start indexing what is new in the file, unless an indexer is already running."""
         if self._thread is not None and self._thread.is_alive():
             return
-        size = self._stat()
-        if size == self._size_seen:
+        size, file_id = self._stat()
+        replaced = self._replaced(size, file_id)
+        if size == self._size_seen and not replaced:
             return  # nothing new (a line being written shows up in the size)
-        if size < self._size_seen:
-            self._read_to = 0  # rewritten shorter: the indexer starts again
+        if replaced:
+            self._read_to = 0  # the indexer starts again
         self._target = size
         self._thread = threading.Thread(target=self.refresh, name=f"index {self.path.name}", daemon=True)
         self._thread.start()
@@ -162,12 +171,13 @@ class JsonlIndex:
             self._lock.release()
 
     def _refresh(self) -> None:
-        size = self._stat()
-        if size < self._size_seen:  # rewritten shorter (a resumed run truncated it): start again
+        size, file_id = self._stat()
+        if self._replaced(size, file_id):  # rewritten (a resumed run dropped its last steps): start again
             self.cols, self.rows = Columns(), []
             self._pos, self._read_to, self.skipped = 0, 0, 0
             self.generation += 1
         self._size_seen = self._target = size
+        self._file_id = file_id
         with open(self.path, "rb") as f:
             f.seek(self._pos)
             pending = b""

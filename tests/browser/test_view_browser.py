@@ -132,9 +132,12 @@ def _open(page, url):
     page.wait_for_selector("body[data-ready='1']", timeout=60_000)
 
 
-def test_curves_are_drawn_from_metrics(page, runs, shots):
-    steps = [json.loads(line)["step"] for line in (runs["with_search"] / "metrics.jsonl").read_text().splitlines()]
-    with _serve(runs["with_search"]) as server:
+def test_curves_are_drawn_from_metrics_and_follow_a_running_job(page, runs, shots, tmp_path):
+    run = tmp_path / "run"  # a copy: this test appends to its metrics
+    shutil.copytree(runs["with_search"], run, ignore=shutil.ignore_patterns("checkpoints"))
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in rows]
+    with _serve(run) as server:
         _open(page, server.url + "/#curves")
         reward = page.locator("svg[data-chart='reward'] polyline[data-key='reward/mean']")
         assert reward.count() == 1
@@ -144,6 +147,11 @@ def test_curves_are_drawn_from_metrics(page, runs, shots):
         page.locator("svg[data-chart='reward']").hover()
         assert page.locator(".chart[data-chart='reward'] .tip").inner_text().startswith("step ")
         page.screenshot(path=str(shots / "curves.png"))
+        with open(run / "metrics.jsonl", "a") as f:  # the run logs another step: the page polls and redraws
+            f.write(json.dumps({**rows[-1], "step": steps[-1] + 1}) + "\n")
+        page.wait_for_function("""n => { const l = document.querySelector(
+            "svg[data-chart='reward'] polyline[data-key='reward/mean']");
+            return l && l.getAttribute('points').split(' ').length === n; }""", arg=len(steps) + 1)
 
 
 def test_a_trajectory_opens_with_its_masks_and_searches(page, runs, shots):

@@ -70,6 +70,11 @@ def test_index_skips_a_torn_last_line_until_it_is_complete_and_counts_bad_lines(
     assert len(idx) == 1 and idx.generation == 1 and idx.cols.step == [7]
     with pytest.raises(IndexError):
         idx.read(1)
+    # replaced by a longer file under the same name (written beside, then renamed over it): indexed again
+    write_jsonl(tmp_path / "new.jsonl", [sample(1, 0, question="x" * 50), sample(2, 1), sample(3, 2)])
+    (tmp_path / "new.jsonl").replace(path)
+    idx.refresh()
+    assert idx.generation == 2 and idx.cols.step == [1, 2, 3] and idx.read(0)["question"] == "x" * 50
 
 
 def test_index_reads_across_chunk_boundaries(tmp_path, monkeypatch):
