@@ -17,6 +17,11 @@ The store fix: ``CorpusStore.get_many`` calls ``Table.take`` per query; on a mul
 costs ~2.5 ms, which caps BM25 at a few hundred queries/s. Unless ``--no-combine``, the bench also
 runs the server with the table's chunks combined at load (what the fix in corpus.py would do), so
 the server's own capacity is visible. Every loop is bounded in count and time.
+
+With ``--scale-json FILE`` (``bench/retrieval_scale.py --json``'s output), each variant also prints
+a batched line extrapolated to wiki-18's 21M passages, marked so: the server's own cost per query
+measured here (batched over HTTP minus direct) plus the BM25 search cost at 21M that file
+extrapolates.
 """
 
 from __future__ import annotations
@@ -254,7 +259,13 @@ def main() -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON summary as the last line")
     ap.add_argument("--quick", action="store_true", help="fewer requests (about a third)")
     ap.add_argument("--no-combine", action="store_true", help="skip the combined-chunks store variant")
+    ap.add_argument("--scale-json", default=None,
+                    help="bench/retrieval_scale.py's JSON output: adds the batched line extrapolated to 21M passages")
     args = ap.parse_args()
+    scale_qps = None
+    if args.scale_json:
+        scale = json.loads(Path(args.scale_json).read_text().strip().splitlines()[-1])
+        scale_qps = scale["extrapolated_to_21M"]["queries_per_s_at_21M"]
     if not CORPUS.is_file():
         print(f"bench/server.py needs {CORPUS}", file=sys.stderr)
         return 2
@@ -277,6 +288,16 @@ def main() -> int:
             res = run_server_scenarios(index_dir, combine, questions, args.quick)
             res["direct"] = base
             res["batched_over_direct"] = round(res["batched"]["queries_per_s"] / base["queries_per_s"], 2)
+            if scale_qps:  # the server's own cost per query (HTTP, JSON, passages) plus search at 21M
+                overhead_s = max(0.0, 1 / res["batched"]["queries_per_s"] - 1 / base["queries_per_s"])
+                res["batched_at_21M_extrapolated"] = {
+                    "queries_per_s": round(1 / (overhead_s + 1 / scale_qps), 1),
+                    "server_overhead_ms_per_query": round(overhead_s * 1e3, 3),
+                    "search_queries_per_s_at_21M": round(scale_qps, 1)}
+                x = res["batched_at_21M_extrapolated"]
+                print(f"[{name}] 21M passages (extrapolated, not measured): batched HTTP {x['queries_per_s']} q/s = "
+                      f"server overhead {x['server_overhead_ms_per_query']} ms/query (measured here) + BM25 search at "
+                      f"{x['search_queries_per_s_at_21M']} q/s (bench/retrieval_scale.py's extrapolation)")
             report[name] = res
             print(f"[{name}] direct {base['queries_per_s']} q/s | batched HTTP "
                   f"{res['batched']['queries_per_s']} q/s (p50 {res['batched']['p50_ms']} ms, p99 "

@@ -55,6 +55,9 @@ def register(sub) -> None:
     b.add_argument("--cache-dir", default=None, help="embedding cache directory (default OUT/dense/embeddings)")
     b.add_argument("--batch-size", type=int, default=64, help="encoder batch size")
     b.add_argument("--device", default=None, help="encoder device: cpu, cuda, cuda:N or auto (default)")
+    b.add_argument("--encode-dtype", default="auto", choices=["auto", "float32", "float16", "bfloat16"],
+                   help="the encoder's weights while it encodes passages (default auto: float16 on a CUDA device, "
+                        "float32 elsewhere); queries are always encoded in float32")
     b.add_argument("--skip-bad", action="store_true", help="skip (and count) malformed corpus lines")
     b.add_argument("--shard", default=None, metavar="I/N",
                    help="dense: encode only share I of N of the embeddings into --cache-dir (run the N shards as "
@@ -109,7 +112,7 @@ def _build(args: argparse.Namespace) -> int:
             faiss_search_params=args.faiss_search_params, cache_dir=args.cache_dir,
             skip_bad=args.skip_bad, overwrite=args.overwrite, batch_size=args.batch_size,
             device=args.device, show_progress=True, query_prefix=args.query_prefix,
-            passage_prefix=args.passage_prefix, shard=shard)
+            passage_prefix=args.passage_prefix, shard=shard, encode_dtype=args.encode_dtype)
     except (CorpusError, FileExistsError) as e:
         raise UserError(str(e)) from None
     except ValueError as e:

@@ -34,7 +34,7 @@ from sleuth.retrieval.base import IndexFileError, index_file_error
 from sleuth.retrieval.bm25 import check_k
 from sleuth.retrieval.corpus import CorpusStore
 from sleuth.retrieval.embcache import encode_corpus, exact_search
-from sleuth.retrieval.encoder import DEFAULT_ENCODER, encode_queries, load_encoder
+from sleuth.retrieval.encoder import DEFAULT_ENCODER, encode_queries, load_encoder, resolve_encode_dtype
 from sleuth.retrieval.prefixes import choose_prefixes, search_query_prefix
 from sleuth.types import Passage
 
@@ -160,13 +160,15 @@ def build_dense(store: CorpusStore, out_dir: str | Path, *, encoder: str | None 
                 recall_k: int = 10, n_recall: int = 200, batch_size: int = 64,
                 device: str | None = None, show_progress: bool = True, seed: int = 0,
                 query_prefix: str | None = None, passage_prefix: str | None = None,
-                shard: tuple[int, int] | None = None) -> dict:
+                shard: tuple[int, int] | None = None, encode_dtype: str | None = "auto") -> dict:
     """Encode the store (cached chunks), build + save the faiss index, measure recall; return meta.
     ``factory`` ``auto`` picks by corpus size (:func:`resolve_factory`). ``query_prefix``/``passage_prefix``
     override the detected ones (:func:`choose_prefixes`). The index is trained on a sample of the
     cached embeddings and filled chunk by chunk: peak memory is the index plus one chunk.
     ``shard=(i, n)``: encode this shard's chunks into the cache and stop (no index; see
-    :func:`sleuth.retrieval.embcache.encode_corpus`)."""
+    :func:`sleuth.retrieval.embcache.encode_corpus`). ``encode_dtype``: the encoder's weights while it
+    encodes (``auto``: float16 on CUDA, float32 elsewhere; :func:`resolve_encode_dtype`); queries are
+    encoded in float32 when the index is searched."""
     import faiss
 
     out_dir = Path(out_dir)
@@ -175,6 +177,9 @@ def build_dense(store: CorpusStore, out_dir: str | Path, *, encoder: str | None 
     prefixes = choose_prefixes(encoder, query_prefix, passage_prefix)
     query_prefix, passage_prefix = prefixes["query_prefix"], prefixes["passage_prefix"]
     model = load_encoder(encoder, device)
+    encode_dtype = resolve_encode_dtype(encode_dtype, str(getattr(model, "device", "cpu")).split(":")[0])
+    if encode_dtype != "float32":
+        model = load_encoder(encoder, device, encode_dtype)
     # A bad factory or search parameter fails now, not after the (slow) encoding.
     probe_dim = encode_queries(model, ["dimension probe"], "").shape[1]
     factory = resolve_factory(factory, len(store), probe_dim)
@@ -186,7 +191,7 @@ def build_dense(store: CorpusStore, out_dir: str | Path, *, encoder: str | None 
                            shard=shard or (0, 1))
     encode_s = time.perf_counter() - t0
     if shard is not None:  # this process's share of the embeddings is cached; another run builds the index
-        return {"encoder": encoder, **prefixes, "dim": chunks.dim, "shard": list(shard),
+        return {"encoder": encoder, **prefixes, "dim": chunks.dim, "shard": list(shard), "encode_dtype": encode_dtype,
                 "encode_seconds": round(encode_s, 2), "chunks": chunks.num_chunks}
     dim = chunks.dim
     rng = np.random.default_rng(seed)
@@ -200,7 +205,7 @@ def build_dense(store: CorpusStore, out_dir: str | Path, *, encoder: str | None 
     (out_dir / PARAMS_FILE).write_text(json.dumps(params, indent=2))
     recall = measure_recall(index, model, store, chunks, query_prefix, recall_queries,
                             k=recall_k, n=n_recall, rng=rng, exact=(factory.strip() == "Flat"))
-    return {**params, "encode_seconds": round(encode_s, 2), "recall": recall,
+    return {**params, "encode_dtype": encode_dtype, "encode_seconds": round(encode_s, 2), "recall": recall,
             "index_bytes": (out_dir / INDEX_FILE).stat().st_size, "flat_bytes": 4 * dim * len(store),
             "code_bytes": code_size(index), "flat_code_bytes": 4 * dim}
 

@@ -25,20 +25,40 @@ def resolve_encoder(name: str | None) -> str:
     return name
 
 
-@functools.lru_cache(maxsize=4)
-def load_encoder(name: str, device: str | None = None):
-    """A ``SentenceTransformer`` from a hub name or local path (errors name the encoder).
+ENCODE_DTYPES = ("auto", "float32", "float16", "bfloat16")
 
-    Cached per (name, device): indexes opened in one process share the (read-only) encoder.
+
+@functools.lru_cache(maxsize=4)
+def load_encoder(name: str, device: str | None = None, dtype: str = "float32"):
+    """A ``SentenceTransformer`` from a hub name or local path (errors name the encoder), its weights
+    in ``dtype`` (``float32``, ``float16``, ``bfloat16``).
+
+    Cached per (name, device, dtype): indexes opened in one process share the (read-only) encoder.
     """
+    import torch  # lazy: with sentence-transformers below
     from sentence_transformers import SentenceTransformer  # lazy: loads torch + transformers (~7 s)
 
+    if dtype not in ENCODE_DTYPES[1:]:
+        raise ValueError(f"encoder dtype must be one of {list(ENCODE_DTYPES[1:])}, got {dtype!r}")
     device = check_device(device)
     try:
-        return SentenceTransformer(resolve_encoder(name), device=device)
+        model = SentenceTransformer(resolve_encoder(name), device=device)
     except (OSError, ValueError) as e:
         raise ValueError(f"cannot load encoder {name!r} ({e}); pass a local directory or a hub name "
                          "that is cached (HF_HUB_OFFLINE=1 machines cannot download)") from e
+    return model if dtype == "float32" else model.to(getattr(torch, dtype))
+
+
+def resolve_encode_dtype(dtype: str | None, device_type: str) -> str:
+    """The dtype passages are encoded in: ``auto`` is float16 on a CUDA device (about twice the
+    throughput; the embeddings are stored as float16 anyway) and float32 elsewhere (CPUs gain little
+    or nothing from half precision)."""
+    dtype = dtype or "auto"
+    if dtype not in ENCODE_DTYPES:
+        raise ValueError(f"--encode-dtype must be one of {list(ENCODE_DTYPES)}, got {dtype!r}")
+    if dtype == "auto":
+        return "float16" if device_type == "cuda" else "float32"
+    return dtype
 
 
 def encode_queries(model, queries: list[str], prefix: str, batch_size: int = 64) -> np.ndarray:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from sleuth import __version__
 from sleuth.device import check_device
+from sleuth.retrieval.encoder import resolve_encode_dtype
 from sleuth.retrieval.base import IndexFileError, Retriever
 
 # The corpus store, BM25, dense and hybrid modules are imported inside the functions that use them
@@ -108,6 +109,7 @@ def build_index(
     query_prefix: str | None = None,
     passage_prefix: str | None = None,
     shard: tuple[int, int] | None = None,
+    encode_dtype: str | None = "auto",
 ) -> dict:
     """Ingest ``corpus`` (jsonl) and build a ``kind`` index in ``out``; return the meta dict.
 
@@ -121,6 +123,7 @@ def build_index(
     ``recall_queries`` are used to measure an approximate index's recall (default: sampled
     passage openings). ``skip_bad`` skips and counts malformed corpus lines instead of failing.
     ``query_prefix``/``passage_prefix`` override the encoder's detected prefixes (None: detect).
+    ``encode_dtype``: the encoder's weights while it encodes passages (``auto``: float16 on CUDA).
     ``out`` must be new, empty or an earlier Sleuth build (:func:`prepare_out`).
     """
     from sleuth.retrieval.bm25 import build_bm25  # lazy: sleuth --help start-up
@@ -136,6 +139,7 @@ def build_index(
                          "(the index is built by a last run without --shard)")
     if kind != "bm25":
         check_device(device)  # before the ingest, not after it
+        resolve_encode_dtype(encode_dtype, "cpu")  # the same: a bad name fails now
     out = Path(out)
     prepare_out(out, corpus, kind, overwrite)
     t0 = time.perf_counter()
@@ -155,11 +159,11 @@ def build_index(
             store, out / "dense", encoder=encoder, factory=faiss_factory,
             search_params=faiss_search_params, cache_dir=cache_dir, recall_queries=recall_queries,
             batch_size=batch_size, device=device, show_progress=show_progress,
-            query_prefix=query_prefix, passage_prefix=passage_prefix, shard=shard)
+            query_prefix=query_prefix, passage_prefix=passage_prefix, shard=shard, encode_dtype=encode_dtype)
         if shard is not None:  # no index yet: nothing more to record
             return {**meta, "shard": list(shard), "dense": meta["dense"]}
         for key in ("encoder", "query_prefix", "passage_prefix", "prefix_source", "faiss_factory",
-                    "faiss_search_params", "recall"):
+                    "faiss_search_params", "recall", "encode_dtype"):
             meta[key] = meta["dense"][key]
     meta["build_seconds"] = round(time.perf_counter() - t0, 2)
     meta["created"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")

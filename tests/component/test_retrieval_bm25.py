@@ -156,29 +156,59 @@ def test_streaming_build_writes_what_bm25s_index_writes(tmp_path, method):
     assert read("stream", "params.index.json") == ref_params and ref_params["num_docs"] == len(rows)
 
 
+def _numba_or_skip(mode):
+    from sleuth.retrieval import bm25_kernel
+
+    if mode == "numba" and not bm25_kernel.available():
+        pytest.skip("numba is not installed (pip install 'sleuth[fast]')")
+
+
+@pytest.mark.parametrize("mode", ["numpy", "kernel-as-python", "numba"])
 @pytest.mark.parametrize("threads", [1, 3])
-def test_batched_search_equals_one_dense_query_at_a_time(tmp_path, monkeypatch, threads):
-    """search_rows (worker threads; the passages a query's postings touch, or the dense sum) gives each
-    query's top rows and scores of the dense per-query sum, ties included; buffers are left clean."""
+def test_batched_search_equals_one_dense_query_at_a_time(tmp_path, monkeypatch, threads, mode):
+    """search_rows (worker threads; numpy: the passages a query's postings touch, or the dense sum; the
+    compiled kernel, also run as plain Python so that it is checked where numba is absent) gives each
+    query's top rows and scores of the dense per-query sum, ties included; buffers are left clean. Two
+    corpora: real passages and questions, and one made of repeated passages (ties everywhere)."""
     import sleuth.retrieval.bm25 as bm25
+    from sleuth.retrieval import bm25_kernel
     from sleuth.retrieval.bm25 import top_rows
 
+    _numba_or_skip(mode)
+    corpora = [([{"id": str(i), "text": f"topic {i % 7} word{i % 13} city{i % 5}"} for i in range(300)],
+                [f"topic {i} word{i} city{i % 5}" for i in range(13)] + ["city1 city1 topic"])]
     if (SHARED / "corpus" / "wiki_dev.jsonl").exists():
-        rows = [json.loads(x) for x in (SHARED / "corpus" / "wiki_dev.jsonl").read_text().splitlines()[:2000]]
-        questions = [json.loads(x)["question"] for x in (SHARED / "dev" / "nq.jsonl").read_text().splitlines()[:80]]
-    else:
-        rows = [{"id": str(i), "text": f"topic {i % 7} word{i % 13} city{i % 5}"} for i in range(300)]
-        questions = [f"topic {i} word{i} city{i % 5}" for i in range(13)]
-    r = bm25_index(tmp_path, rows)
-    r.threads = threads
-    questions += ["the of and", "zzzz unknown", questions[0]]  # no term, absent words, a repeat
-    for share in (1, 8, 10**9):  # every query dense; the default; every query on the passages it touches
-        monkeypatch.setattr(bm25, "SPARSE_SHARE", share)
-        for k in (1, 5):
-            got = r.search_rows(questions, k=k)
-            for q, (rows_k, scores_k) in zip(questions, got):
-                ids = r.query_term_ids(q)
-                want_rows, want_scores = top_rows(r.scores(ids), k) if ids else (np.zeros(0), np.zeros(0))
-                assert rows_k.tolist() == want_rows.tolist(), q
-                assert scores_k.tolist() == want_scores.tolist(), q
-    assert not r._buffer().any()
+        corpora.append(([json.loads(x) for x in (SHARED / "corpus" / "wiki_dev.jsonl").read_text().splitlines()[:2000]],
+                        [json.loads(x)["question"] for x in (SHARED / "dev" / "nq.jsonl").read_text().splitlines()[:80]]))
+    if mode == "kernel-as-python":
+        monkeypatch.setattr(bm25_kernel, "_kernel", lambda: bm25_kernel._top_many_py)
+        monkeypatch.setattr(bm25_kernel, "available", lambda: True)
+    for n, (rows, questions) in enumerate(corpora):
+        (tmp_path / str(n)).mkdir()
+        r = bm25_index(tmp_path / str(n), rows)
+        r.threads = threads
+        r.compiled = mode != "numpy"
+        questions = questions + ["the of and", "zzzz unknown", questions[0]]  # no term, absent words, a repeat
+        for share in (1, 8, 10**9) if mode == "numpy" else (8,):  # numpy: every query dense; default; touched
+            monkeypatch.setattr(bm25, "SPARSE_SHARE", share)
+            for k in (1, 5, 40):
+                got = r.search_rows(questions, k=k)
+                for q, (rows_k, scores_k) in zip(questions, got):
+                    ids = r.query_term_ids(q)
+                    want_rows, want_scores = top_rows(r.scores(ids), k) if ids else (np.zeros(0), np.zeros(0))
+                    assert rows_k.tolist() == want_rows.tolist(), (q, k)
+                    assert scores_k.tolist() == want_scores.tolist(), (q, k)
+                    assert rows_k.dtype == np.int64 and scores_k.dtype == np.float32
+        assert not r._buffer().any()
+
+
+def test_top_rows_breaks_ties_at_the_edge_by_the_lower_row():
+    """The k-th place goes to the lowest row among equal scores (argpartition alone picks any of them)."""
+    from sleuth.retrieval.bm25 import top_rows
+
+    scores = np.array([0, 2, 1, 2, 3, 2, 0, 2], dtype=np.float32)
+    for k, want in [(1, [4]), (2, [4, 1]), (3, [4, 1, 3]), (5, [4, 1, 3, 5, 7]), (6, [4, 1, 3, 5, 7, 2]), (9, [4, 1, 3, 5, 7, 2])]:
+        rows, got = top_rows(scores, k)
+        assert rows.tolist() == want and got.tolist() == scores[want].tolist(), k
+    many = np.ones(10_000, dtype=np.float32)  # all tied: the first rows, in order
+    assert top_rows(many, 3)[0].tolist() == [0, 1, 2]
