@@ -18,7 +18,8 @@ build --kind bm25`` in a child process. Figures per N, each measured in its own 
   ``queried_rss_gb`` (after the queries; ``*_incl_mapped_gb``: with the mapped pages they touched);
 * ``queries_per_s``: the NQ + HotpotQA dev questions (cycled to ``--queries``), top-3, in batches
   of 256 on worker threads, ranked by the numba kernel when numba is installed (``compiled``; then
-  ``numpy_queries_per_s``: the numpy path, same process); baseline in the same process: the same queries one at a time, each
+  also ``numpy_queries_per_s``: the numpy path, same process, measured first); baseline in the same
+  process: the same queries one at a time, each
   summed over the whole corpus (today's path), on a sample of them.
 
 The baseline build (bm25s' own ``index``: every passage's token ids as Python lists) runs for N up
@@ -158,7 +159,7 @@ def child_query(index: str, n_queries: int, baseline_queries: int) -> dict:
     loaded, loaded_all = rss_gb("RssAnon"), rss_gb()
     qs = dev_questions()
     qs = (qs * (n_queries // len(qs) + 1))[:n_queries]
-    from sleuth.retrieval import bm25_kernel
+    from sleuth.retrieval.bm25 import NUMBA
 
     def batched() -> float:
         t = time.perf_counter()
@@ -166,14 +167,13 @@ def child_query(index: str, n_queries: int, baseline_queries: int) -> dict:
             r.search_rows(qs[lo : lo + 256], k=3)
         return len(qs) / (time.perf_counter() - t)
 
-    compiled = bm25_kernel.available()
     r.search_rows(qs[:8], k=3)  # warm-up: numba compiles its kernel here (when installed), not in the timing
-    qps = batched()
-    numpy_qps = None
-    if compiled:  # the numpy path too, in the same process
+    extra: dict = {"compiled": NUMBA}
+    if NUMBA:  # the numpy path too, in the same process (first: it also warms the page cache)
         r.compiled = False
-        numpy_qps = batched()
+        extra["numpy_queries_per_s"] = batched()
         r.compiled = True
+    qps = batched()
     sample = qs[:baseline_queries]
     t = time.perf_counter()
     for q in sample:  # today's path: one query at a time over a dense [N] score array
@@ -183,8 +183,7 @@ def child_query(index: str, n_queries: int, baseline_queries: int) -> dict:
     base_qps = len(sample) / (time.perf_counter() - t)
     return {"loaded_rss_gb": loaded - before, "loaded_rss_incl_mapped_gb": loaded_all - before_all,
             "queried_rss_gb": rss_gb("RssAnon") - before, "queried_rss_incl_mapped_gb": rss_gb() - before_all,
-            "queries_per_s": qps, "compiled": compiled, "numpy_queries_per_s": numpy_qps,
-            "baseline_queries_per_s": base_qps, "threads": r.threads}
+            "queries_per_s": qps, **extra, "baseline_queries_per_s": base_qps, "threads": r.threads}
 
 
 def in_child(args: list[str]) -> dict:
@@ -278,9 +277,9 @@ def main() -> int:
             "queries_per_s_at_21M": largest["queries_per_s"] * largest["passages"] / WIKI18,
             "baseline_queries_per_s_at_21M": largest["baseline_queries_per_s"] * largest["passages"] / WIKI18,
         }
-        if largest.get("numpy_queries_per_s"):
-            summary["extrapolated_to_21M"]["numpy_queries_per_s_at_21M"] = (
-                largest["numpy_queries_per_s"] * largest["passages"] / WIKI18)
+        for key in ("numpy_queries_per_s",):
+            if largest.get(key):
+                summary["extrapolated_to_21M"][f"{key}_at_21M"] = largest[key] * largest["passages"] / WIKI18
         summary.update(wiki_dev_agreement(tmp))
         summary["goals"] = GOALS
     finally:

@@ -15,6 +15,7 @@ Query behaviour (documented choices):
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import threading
@@ -23,7 +24,6 @@ from pathlib import Path
 
 import numpy as np
 
-from sleuth.retrieval import bm25_kernel
 from sleuth.retrieval.base import IndexFileError, index_file_error
 from sleuth.retrieval.corpus import CorpusStore, progress_bar
 from sleuth.types import Passage
@@ -58,6 +58,9 @@ def _make_tokenizer(params: BM25Params):
 
     stemmer = Stemmer.Stemmer(params.stemmer) if params.stemmer else None
     return bm25s.tokenization.Tokenizer(stopwords=params.stopwords or None, stemmer=stemmer)
+
+
+NUMBA = importlib.util.find_spec("numba") is not None  # the compiled kernel (sleuth.retrieval.bm25_kernel)
 
 
 def top_rows(scores_N: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -244,7 +247,7 @@ class BM25Retriever:
         term_ids = [self.query_term_ids(q) for q in queries]
         self.num_empty_queries += sum(not t for t in term_ids)
         threads = max(1, min(self.threads, len(queries)))
-        if self.compiled and bm25_kernel.available() and self.model.nonoccurrence_array is None:
+        if self.compiled and NUMBA and self.model.nonoccurrence_array is None:
             return self._search_compiled(term_ids, k, threads)
         if threads == 1:
             buf = self._buffer()
@@ -268,6 +271,8 @@ class BM25Retriever:
         """:meth:`search_rows` through the numba kernel (``bm25_kernel.top_many``): the same rows and
         scores, each worker thread ranking its share of the batch in one call without the GIL."""
         from concurrent.futures import ThreadPoolExecutor
+
+        from sleuth.retrieval import bm25_kernel  # lazy: imports numba (~1 s), only where the kernel is used
 
         terms, starts = bm25_kernel.pack_terms(term_ids)
         indptr = self._indptr

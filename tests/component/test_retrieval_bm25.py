@@ -157,37 +157,36 @@ def test_streaming_build_writes_what_bm25s_index_writes(tmp_path, method):
 
 
 def _numba_or_skip(mode):
-    from sleuth.retrieval import bm25_kernel
+    from sleuth.retrieval.bm25 import NUMBA
 
-    if mode == "numba" and not bm25_kernel.available():
+    if mode != "numpy" and not NUMBA:
         pytest.skip("numba is not installed (pip install 'sleuth[fast]')")
 
 
-@pytest.mark.parametrize("mode", ["numpy", "kernel-as-python", "numba"])
+@pytest.mark.parametrize("mode", ["numpy", "numba"])
 @pytest.mark.parametrize("threads", [1, 3])
 def test_batched_search_equals_one_dense_query_at_a_time(tmp_path, monkeypatch, threads, mode):
     """search_rows (worker threads; numpy: the passages a query's postings touch, or the dense sum; the
-    compiled kernel, also run as plain Python so that it is checked where numba is absent) gives each
-    query's top rows and scores of the dense per-query sum, ties included; buffers are left clean. Two
-    corpora: real passages and questions, and one made of repeated passages (ties everywhere)."""
+    compiled kernel) gives each query's top rows and scores of the dense
+    per-query sum, ties included; buffers are left clean. Corpora: one made of repeated passages (ties
+    everywhere), also as a Robertson index (a word in 2/3 of the passages: its negative idf, which bm25s
+    turns into zero contributions), and real passages and questions."""
     import sleuth.retrieval.bm25 as bm25
-    from sleuth.retrieval import bm25_kernel
     from sleuth.retrieval.bm25 import top_rows
 
     _numba_or_skip(mode)
-    corpora = [([{"id": str(i), "text": f"topic {i % 7} word{i % 13} city{i % 5}"} for i in range(300)],
-                [f"topic {i} word{i} city{i % 5}" for i in range(13)] + ["city1 city1 topic"])]
+    tied = [{"id": str(i), "text": f"topic {i % 7} word{i % 13} city{i % 5}" + (" common" if i % 3 else "")}
+            for i in range(300)]  # "common" in 2/3 of the passages: a Robertson idf below 0
+    tied_q = [f"topic {i} word{i} city{i % 5}" for i in range(13)] + ["city1 city1 topic", "common word3", "common"]
+    corpora = [(tied, tied_q, None), (tied, tied_q, BM25Params(method="robertson"))]
     if (SHARED / "corpus" / "wiki_dev.jsonl").exists():
         corpora.append(([json.loads(x) for x in (SHARED / "corpus" / "wiki_dev.jsonl").read_text().splitlines()[:2000]],
-                        [json.loads(x)["question"] for x in (SHARED / "dev" / "nq.jsonl").read_text().splitlines()[:80]]))
-    if mode == "kernel-as-python":
-        monkeypatch.setattr(bm25_kernel, "_kernel", lambda: bm25_kernel._top_many_py)
-        monkeypatch.setattr(bm25_kernel, "available", lambda: True)
-    for n, (rows, questions) in enumerate(corpora):
+                        [json.loads(x)["question"] for x in (SHARED / "dev" / "nq.jsonl").read_text().splitlines()[:80]], None))
+    for n, (rows, questions, params) in enumerate(corpora):
         (tmp_path / str(n)).mkdir()
-        r = bm25_index(tmp_path / str(n), rows)
+        r = bm25_index(tmp_path / str(n), rows, params)
         r.threads = threads
-        r.compiled = mode != "numpy"
+        r.compiled = mode == "numba"
         questions = questions + ["the of and", "zzzz unknown", questions[0]]  # no term, absent words, a repeat
         for share in (1, 8, 10**9) if mode == "numpy" else (8,):  # numpy: every query dense; default; touched
             monkeypatch.setattr(bm25, "SPARSE_SHARE", share)
