@@ -286,6 +286,10 @@ class TrainConfig:
     """Evaluate every N steps (0 = only at the end)."""
     eval_limit: Annotated[Int | None, Field(ge=1)] = None
     """Evaluate during training on the first N questions of each data source of each eval file (None = all)."""
+    log_samples: Annotated[Int, Field(ge=0)] = 2
+    """Trajectories of each step written to ``samples.jsonl``: the first N of the step's rollouts (rank 0's under
+    torchrun; a group's samples are consecutive), each with its segments, masks and searches, as ``sleuth view``
+    shows them; 0 = none."""
     keep_checkpoints: Annotated[Int, Field(ge=1)] = 2
     """Complete checkpoints kept on disk (older ones are deleted)."""
     on_collapse: Literal["warn", "stop", "rollback"] = "warn"

@@ -329,7 +329,7 @@ class Trainer:
                 if self.ctx.is_main:
                     metrics.update(eval_metrics)
             self.logger.log(self.step, metrics)
-            self.logger.log_samples(self.step, trajs)
+            self.logger.log_samples(self.step, trajs, tc.log_samples)
             last = metrics
             warning = self.watch.check(metrics["reward/mean"], metrics.get("rollout/invalid_rate", 0.0),
                                        metrics.get("algo/entropy", 0.0))

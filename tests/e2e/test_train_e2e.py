@@ -78,7 +78,7 @@ def test_train_changes_every_parameter_and_logs(world, tmp_path):
     from sleuth.models import load_policy
 
     out = tmp_path / "run"
-    assert main(_args(world, out, 2, ["train.save_every=1"])) == 0
+    assert main(_args(world, out, 2, ["train.save_every=1", "train.log_samples=5"])) == 0
     rows = _metrics(out)
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
@@ -87,6 +87,7 @@ def test_train_changes_every_parameter_and_logs(world, tmp_path):
         assert torch.isfinite(torch.tensor(r["algo/loss"]))
     assert "eval/em" in rows[-1]
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in samples] == [1] * 5 + [2] * 5  # train.log_samples a step
     assert samples and {"sampled", "injected"} >= {s["kind"] for x in samples for s in x["segments"]}
     for x in samples:  # what `sleuth view` shows: scores, the prompt, segment roles, searches with passage texts
         assert x["data_source"] and x["em"] in (0.0, 1.0) and x["searches"] == len(x["queries"])

@@ -18,7 +18,7 @@ class _Logger:
     def log(self, step, metrics):
         pass
 
-    def log_samples(self, step, trajs):
+    def log_samples(self, step, trajs, n=2):
         pass
 
     def close(self):
