@@ -151,7 +151,7 @@ def child_build(corpus: str, out: str, baseline: bool) -> dict:
 
 
 def child_query(index: str, n_queries: int, baseline_queries: int) -> dict:
-    from sleuth.retrieval.bm25 import top_rows
+    from sleuth.retrieval.bm25 import NUMBA, top_rows
     from sleuth.retrieval.index import load_index
 
     before, before_all = rss_gb("RssAnon"), rss_gb()
@@ -159,7 +159,6 @@ def child_query(index: str, n_queries: int, baseline_queries: int) -> dict:
     loaded, loaded_all = rss_gb("RssAnon"), rss_gb()
     qs = dev_questions()
     qs = (qs * (n_queries // len(qs) + 1))[:n_queries]
-    from sleuth.retrieval.bm25 import NUMBA
 
     def batched() -> float:
         t = time.perf_counter()
@@ -277,9 +276,9 @@ def main() -> int:
             "queries_per_s_at_21M": largest["queries_per_s"] * largest["passages"] / WIKI18,
             "baseline_queries_per_s_at_21M": largest["baseline_queries_per_s"] * largest["passages"] / WIKI18,
         }
-        for key in ("numpy_queries_per_s",):
-            if largest.get(key):
-                summary["extrapolated_to_21M"][f"{key}_at_21M"] = largest[key] * largest["passages"] / WIKI18
+        if largest.get("numpy_queries_per_s"):
+            summary["extrapolated_to_21M"]["numpy_queries_per_s_at_21M"] = (
+                largest["numpy_queries_per_s"] * largest["passages"] / WIKI18)
         summary.update(wiki_dev_agreement(tmp))
         summary["goals"] = GOALS
     finally:

@@ -242,36 +242,35 @@ class BM25Retriever:
 
         The same rows and scores as summing every passage's score (:meth:`scores`) and taking the
         top ``k`` (:meth:`_top`); a batch is spread over ``threads`` worker threads, each with its
-        own score buffer (numpy releases the GIL in the copies and selections that dominate)."""
+        own score buffer, ranked by the numba kernel when numba is installed (:meth:`_compiled_ranker`,
+        no GIL) or by numpy (which releases the GIL in the copies and selections that dominate)."""
         check_k(k)
         term_ids = [self.query_term_ids(q) for q in queries]
         self.num_empty_queries += sum(not t for t in term_ids)
         threads = max(1, min(self.threads, len(queries)))
         if self.compiled and NUMBA and self.model.nonoccurrence_array is None:
-            return self._search_compiled(term_ids, k, threads)
-        if threads == 1:
-            buf = self._buffer()
-            return [self._top(t, k, buf) for t in term_ids]
-        from concurrent.futures import ThreadPoolExecutor
-
+            rank = self._compiled_ranker(term_ids, k)
+        else:
+            def rank(share: list[int]) -> list:
+                buf = self._buffer()  # this worker thread's
+                return [self._top(term_ids[i], k, buf) for i in share]
         shares = [list(range(i, len(queries), threads)) for i in range(threads)]
+        if threads == 1:
+            parts = [rank(shares[0])]
+        else:
+            from concurrent.futures import ThreadPoolExecutor
 
-        def work(share):
-            buf = self._buffer()  # this worker thread's
-            return [(i, self._top(term_ids[i], k, buf)) for i in share]
-
+            with ThreadPoolExecutor(threads) as pool:
+                parts = list(pool.map(rank, shares))
         out: list = [None] * len(queries)
-        with ThreadPoolExecutor(threads) as pool:
-            for part in pool.map(work, shares):
-                for i, r in part:
-                    out[i] = r
+        for share, part in zip(shares, parts):
+            for i, r in zip(share, part):
+                out[i] = r
         return out
 
-    def _search_compiled(self, term_ids: list[list[int]], k: int, threads: int) -> list[tuple[np.ndarray, np.ndarray]]:
-        """:meth:`search_rows` through the numba kernel (``bm25_kernel.top_many``): the same rows and
-        scores, each worker thread ranking its share of the batch in one call without the GIL."""
-        from concurrent.futures import ThreadPoolExecutor
-
+    def _compiled_ranker(self, term_ids: list[list[int]], k: int):
+        """A function that ranks a share of the batch (query positions) through the numba kernel
+        (``bm25_kernel.top_many``) in one call without the GIL: the same rows and scores as :meth:`_top`."""
         from sleuth.retrieval import bm25_kernel  # lazy: imports numba (~1 s), only where the kernel is used
 
         terms, starts = bm25_kernel.pack_terms(term_ids)
@@ -281,17 +280,12 @@ class BM25Retriever:
         rows_QK, scores_QK = np.zeros((n_q, k), dtype=np.int64), np.zeros((n_q, k), dtype=np.float32)
         found_Q = np.zeros(n_q, dtype=np.int64)
 
-        def work(share: np.ndarray) -> None:
+        def rank(share: list[int]) -> list:
             bm25_kernel.top_many(self._data, self._indices, indptr, terms, starts, share, k, self._buffer(),
                                  postings[share].max(initial=0), rows_QK, scores_QK, found_Q)
+            return [(rows_QK[q, : found_Q[q]].copy(), scores_QK[q, : found_Q[q]].copy()) for q in share]
 
-        shares = [np.arange(i, n_q, threads) for i in range(threads)]
-        if threads == 1:
-            work(shares[0])
-        else:
-            with ThreadPoolExecutor(threads) as pool:
-                list(pool.map(work, shares))
-        return [(rows_QK[q, : found_Q[q]].copy(), scores_QK[q, : found_Q[q]].copy()) for q in range(n_q)]
+        return rank
 
     def _buffer(self) -> np.ndarray:
         """This thread's zero score buffer (a server may search from several threads at once)."""
