@@ -304,6 +304,8 @@ class Source:
         self.name = name or self.path.name
         self.samples = JsonlIndex(self.path / samples)
         self.metrics = JsonlIndex(self.path / "metrics.jsonl", keep_rows=True)
+        self._facets: tuple = (None, None)  # ((generation, rows), facets): the page asks for them every few seconds
+        self._results: tuple = (None, None)  # ((mtime, size), results.json read)
 
     def poke(self) -> None:
         self.samples.poke()
@@ -317,7 +319,17 @@ class Source:
             return None
 
     def results(self) -> dict | None:
-        """An eval's ``results.json`` (without its question list), or None."""
+        """An eval's ``results.json`` (without its question list), or None; read again only when it changed."""
+        try:
+            st = (self.path / "results.json").stat()
+        except FileNotFoundError:
+            return None
+        key = (st.st_mtime_ns, st.st_size)
+        if self._results[0] != key:
+            self._results = (key, self._read_results())
+        return self._results[1]
+
+    def _read_results(self) -> dict | None:
         text = self._text("results.json", 50_000_000)
         if text is None:
             return None
@@ -329,6 +341,14 @@ class Source:
             out.pop("question_ids", None)
         return out if isinstance(out, dict) else None
 
+    def facets(self) -> dict:
+        """:func:`facets` of the rows indexed so far, counted again only when rows were added."""
+        n = len(self.samples)
+        key = (self.samples.generation, n)
+        if self._facets[0] != key:
+            self._facets = (key, facets(self.samples.cols, n))
+        return self._facets[1]
+
     def info(self) -> dict:
         n = len(self.samples)
         return {
@@ -339,5 +359,5 @@ class Source:
             "error": self.samples.error or self.metrics.error,
             "config": self._text("config.yaml") if self.kind == "run" else self._text("setting.json"),
             "results": self.results() if self.kind == "eval" else None,
-            "facets": facets(self.samples.cols, n),
+            "facets": self.facets(),
         }

@@ -151,6 +151,7 @@ def test_a_growing_run_is_picked_up(run_dir):
             break
         time.sleep(0.05)
     assert total == 5 and rows == [{"step": 3, "reward/mean": 0.9}]
+    assert api.get("/api/info").json()["sources"][0]["facets"]["data_sources"] == {"nq": 3, "hotpotqa": 2}
 
 
 def test_compare_and_pairs_match_questions_across_directories(tmp_path, run_dir):
@@ -164,6 +165,8 @@ def test_compare_and_pairs_match_questions_across_directories(tmp_path, run_dir)
     info = api.get("/api/info").json()["sources"]
     assert [s["kind"] for s in info] == ["eval", "eval", "run"]
     assert info[0]["results"] == {"summary": {"em": 0.5, "by_source": {}}}  # the question list left out
+    (base / "results.json").write_text(json.dumps({"summary": {"em": 0.75, "by_source": {"nq": {}}}}))
+    assert api.get("/api/info").json()["sources"][0]["results"]["summary"]["em"] == 0.75  # rewritten: read again
     out = api.get("/api/pairs", params={"a": 0, "b": 1}).json()
     assert (out["gained"], out["lost"], out["total"]) == (1, 1, 3)  # q2 gained, q0 lost
     changed = api.get("/api/pairs", params={"a": 0, "b": 1, "changed": True}).json()
