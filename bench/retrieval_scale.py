@@ -17,18 +17,22 @@ build --kind bm25`` in a child process. Figures per N, each measured in its own 
 * ``loaded_rss_gb`` (anonymous resident memory added by opening the index, memory-mapped) and
   ``queried_rss_gb`` (after the queries; ``*_incl_mapped_gb``: with the mapped pages they touched);
 * ``queries_per_s``: the NQ + HotpotQA dev questions (cycled to ``--queries``), top-3, in batches
-  of 256 on worker threads, ranked by the numba kernel when numba is installed (``compiled``; then
-  also ``numpy_queries_per_s``: the numpy path, same process, measured first); baseline in the same
-  process: the same queries one at a time, each
+  of 256 on worker threads, ranked by the numba kernel when numba is installed (``compiled``; with
+  MaxScore pruning from 200k passages: ``pruned_share`` of the queries, reading
+  ``postings_read_share`` of their postings, lookups counted; then also, same process, measured
+  first: ``numpy_queries_per_s``, the numpy path, and ``unpruned_queries_per_s``, the kernel
+  reading every posting); baseline in the same process: the same queries one at a time, each
   summed over the whole corpus (today's path), on a sample of them.
 
 The baseline build (bm25s' own ``index``: every passage's token ids as Python lists) runs for N up
 to ``--baseline-max``. Extrapolation to 21M, printed beside each figure as ``*_at_21M`` and
 marked as such: memory by a line through the two largest sizes measured (``a + b N``), time per
 passage times 21M, queries/s by the cost per query growing with the postings it reads, i.e.
-with N (``qps x N / 21M``). On ``wiki_dev``: the share of dev questions whose top-3 equals
-today's build's (goal >= 0.99). Goals (issue #21): build <= 24 GB and loaded <= 4 GB at 21M,
->= 100 queries/s batched at 21M on 2 cores. The last stdout line is the JSON summary.
+with N (``qps x N / 21M``; for the pruned kernel too, though the k-th best score a passage must
+beat to be read can only rise with N). On ``wiki_dev``: the share of dev questions whose top-3
+equals today's build's (goal >= 0.99), also ranked with pruning. Goals (issue #21): build <= 24 GB
+and loaded <= 4 GB at 21M, >= 100 queries/s batched at 21M on 2 cores. The last stdout line is
+the JSON summary.
 """
 
 from __future__ import annotations
@@ -166,13 +170,19 @@ def child_query(index: str, n_queries: int, baseline_queries: int) -> dict:
             r.search_rows(qs[lo : lo + 256], k=3)
         return len(qs) / (time.perf_counter() - t)
 
-    r.search_rows(qs[:8], k=3)  # warm-up: numba compiles its kernel here (when installed), not in the timing
+    r.search_rows(qs[:8], k=3)  # warm-up: numba compiles its kernels here (when installed), not in the timing
     extra: dict = {"compiled": NUMBA}
-    if NUMBA:  # the numpy path too, in the same process (first: it also warms the page cache)
-        r.compiled = False
+    if NUMBA:  # the numpy path and the kernel without pruning too, in the same process (numpy first: it
+        r.compiled = False  # also warms the page cache)
         extra["numpy_queries_per_s"] = batched()
-        r.compiled = True
+        r.compiled, r.pruned = True, False
+        extra["unpruned_queries_per_s"] = batched()
+        r.pruned, r.counts = True, dict.fromkeys(r.counts, 0)
     qps = batched()
+    if NUMBA:
+        c = r.counts
+        extra["pruned_share"] = c["queries_pruned"] / max(c["queries"], 1)
+        extra["postings_read_share"] = c["postings_read"] / max(c["postings"], 1)
     sample = qs[:baseline_queries]
     t = time.perf_counter()
     for q in sample:  # today's path: one query at a time over a dense [N] score array
@@ -194,6 +204,7 @@ def in_child(args: list[str]) -> dict:
 
 def wiki_dev_agreement(tmp: Path) -> dict:
     """Top-3 of the streaming build against today's (bm25s in-memory) build on the real corpus."""
+    from sleuth.retrieval import bm25
     from sleuth.retrieval.bm25 import BM25Params, BM25Retriever, _build_bm25_in_memory
     from sleuth.retrieval.index import build_index, load_index
 
@@ -207,7 +218,12 @@ def wiki_dev_agreement(tmp: Path) -> dict:
     qs = dev_questions()
     a, b = ours.search_rows(qs, 3), ref.search_rows(qs, 3)
     same = sum(x[0].tolist() == y[0].tolist() for x, y in zip(a, b))
-    return {"wiki_dev_passages": len(ours.store), "wiki_dev_questions": len(qs), "wiki_dev_top3_equal": same / len(qs)}
+    out = {"wiki_dev_passages": len(ours.store), "wiki_dev_questions": len(qs), "wiki_dev_top3_equal": same / len(qs)}
+    if bm25.NUMBA:  # the pruned kernel (used from 200k passages) on the real corpus too
+        bm25.PRUNE_FROM = bm25.PRUNE_PER_K = 0
+        pruned = ours.search_rows(qs, 3)
+        out["wiki_dev_top3_equal_pruned"] = sum(x[0].tolist() == y[0].tolist() for x, y in zip(pruned, b)) / len(qs)
+    return out
 
 
 def extrapolate(rows: list[dict], key: str) -> float | None:
@@ -276,9 +292,9 @@ def main() -> int:
             "queries_per_s_at_21M": largest["queries_per_s"] * largest["passages"] / WIKI18,
             "baseline_queries_per_s_at_21M": largest["baseline_queries_per_s"] * largest["passages"] / WIKI18,
         }
-        if largest.get("numpy_queries_per_s"):
-            summary["extrapolated_to_21M"]["numpy_queries_per_s_at_21M"] = (
-                largest["numpy_queries_per_s"] * largest["passages"] / WIKI18)
+        for key in ("numpy_queries_per_s", "unpruned_queries_per_s"):
+            if largest.get(key):
+                summary["extrapolated_to_21M"][f"{key}_at_21M"] = largest[key] * largest["passages"] / WIKI18
         summary.update(wiki_dev_agreement(tmp))
         summary["goals"] = GOALS
     finally:

@@ -290,12 +290,9 @@ class DenseRetriever:
         self.num_empty_queries = 0
         self.searcher = self.index  # what answers ``search(q_QD, k)``: faiss, or torch on the given devices
         if search_devices:  # opt-in (sleuth serve --search-devices): the vectors then live in those devices' memory
-            if type(self.index).__name__ not in FLAT_TYPES:
-                raise ValueError(f"searching on {search_devices} needs a Flat index; this one is "
-                                 f"{type(self.index).__name__} (faiss-gpu searches compressed ones)")
             from sleuth.retrieval.torch_flat import TorchFlatSearch  # lazy: torch, only for GPU search
 
-            self.searcher = TorchFlatSearch(self.index, search_devices)
+            self.searcher = TorchFlatSearch(self.index, search_devices)  # Flat, SQ, PQ (after PCA/OPQ): else ValueError
 
     def search_rows(self, queries: list[str], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
         """``(rows_K, scores_K)`` per query, best first (cosine similarity)."""

@@ -199,8 +199,9 @@ def load_index(index_dir: str | Path, *, kind: str | None = None, device: str | 
     was built as. ``device`` is the encoder's torch device (default: sentence-transformers' choice).
     Dense queries get the prefix the index was built with; ``query_prefix`` overrides it (with a
     warning when it differs), and a ``passage_prefix`` other than the built one is refused.
-    ``search_devices`` (a Flat dense index): search with torch on these devices, the vectors in row
-    shards there (:mod:`sleuth.retrieval.torch_flat`), instead of faiss on the CPU.
+    ``search_devices`` (a Flat, SQ or PQ dense index, with or without a PCA/OPQ transform): search
+    with torch on these devices, the (decoded) vectors in row shards there
+    (:mod:`sleuth.retrieval.torch_flat`), instead of faiss on the CPU.
     """
     from sleuth.retrieval.corpus import CorpusError  # lazy: sleuth --help start-up
 

@@ -167,8 +167,9 @@ def register(sub) -> None:
                    help="open one side of a hybrid index")
     p.add_argument("--device", default=None, help="encoder device for dense indexes, e.g. cpu or cuda")
     p.add_argument("--search-devices", default=None, metavar="DEV[,DEV...]",
-                   help="search a Flat dense index with torch on these devices (e.g. cuda:0,cuda:1): its vectors "
-                        "in float16 row shards there (wiki-18's e5 index: 32 GB) instead of faiss on the CPU")
+                   help="search a dense index with torch on these devices (e.g. cuda:0,cuda:1) instead of faiss on "
+                        "the CPU: its vectors (decoded, for SQ/PQ codes) in float16 row shards there (wiki-18 with "
+                        "e5: Flat 32 GB, PCAR256,SQ6 10.7 GB); Flat, SQ and PQ indexes, not IVF or HNSW")
     add_prefix_flags(p, building=False)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     p.add_argument("--port", type=int, default=8000, help="TCP port (0 = pick a free one; default 8000)")

@@ -163,11 +163,12 @@ def _numba_or_skip(mode):
         pytest.skip("numba is not installed (pip install 'sleuth[fast]')")
 
 
-@pytest.mark.parametrize("mode", ["numpy", "numba"])
+@pytest.mark.parametrize("mode", ["numpy", "numba", "numba_pruned", "numba_pruned_small_windows"])
 @pytest.mark.parametrize("threads", [1, 3])
 def test_batched_search_equals_one_dense_query_at_a_time(tmp_path, monkeypatch, threads, mode):
     """search_rows (worker threads; numpy: the passages a query's postings touch, or the dense sum; the
-    compiled kernel) gives each query's top rows and scores of the dense
+    compiled kernel, every posting or with MaxScore pruning over windows of passages, 16,384 or 64 at a
+    time) gives each query's top rows and scores of the dense
     per-query sum, ties included; buffers are left clean. Corpora: one made of repeated passages (ties
     everywhere), also as a Robertson index (a word in 2/3 of the passages: its negative idf, which bm25s
     turns into zero contributions), and real passages and questions."""
@@ -175,6 +176,12 @@ def test_batched_search_equals_one_dense_query_at_a_time(tmp_path, monkeypatch, 
     from sleuth.retrieval.bm25 import top_rows
 
     _numba_or_skip(mode)
+    monkeypatch.setattr(bm25, "PRUNE_FROM", 0)  # prune however small the corpus (the default: from 200k passages)
+    monkeypatch.setattr(bm25, "PRUNE_PER_K", 0)
+    if mode == "numba_pruned_small_windows":  # many windows over these small corpora, thresholds rising across them
+        from sleuth.retrieval import bm25_kernel
+
+        monkeypatch.setattr(bm25_kernel, "WINDOW", 64)
     tied = [{"id": str(i), "text": f"topic {i % 7} word{i % 13} city{i % 5}" + (" common" if i % 3 else "")}
             for i in range(300)]  # "common" in 2/3 of the passages: a Robertson idf below 0
     tied_q = [f"topic {i} word{i} city{i % 5}" for i in range(13)] + ["city1 city1 topic", "common word3", "common"]
@@ -186,7 +193,7 @@ def test_batched_search_equals_one_dense_query_at_a_time(tmp_path, monkeypatch, 
         (tmp_path / str(n)).mkdir()
         r = bm25_index(tmp_path / str(n), rows, params)
         r.threads = threads
-        r.compiled = mode == "numba"
+        r.compiled, r.pruned = mode != "numpy", mode.startswith("numba_pruned")
         questions = questions + ["the of and", "zzzz unknown", questions[0]]  # no term, absent words, a repeat
         for share in (1, 8, 10**9) if mode == "numpy" else (8,):  # numpy: every query dense; default; touched
             monkeypatch.setattr(bm25, "SPARSE_SHARE", share)
@@ -199,6 +206,13 @@ def test_batched_search_equals_one_dense_query_at_a_time(tmp_path, monkeypatch, 
                     assert scores_k.tolist() == want_scores.tolist(), (q, k)
                     assert rows_k.dtype == np.int64 and scores_k.dtype == np.float32
         assert not r._buffer().any()
+        if r.pruned:  # every query with a term was ranked with pruning; for the best passage of each of the
+            c = r.counts  # real questions, it read (and looked up) fewer than half the postings
+            assert c["queries_pruned"] == c["queries"] - r.num_empty_queries > 0, c
+            if n == 2:
+                r.counts = dict.fromkeys(c, 0)
+                r.search_rows(questions, k=1)
+                assert r.counts["postings_read"] < 0.5 * r.counts["postings"], r.counts
 
 
 def test_top_rows_breaks_ties_at_the_edge_by_the_lower_row():
@@ -211,3 +225,73 @@ def test_top_rows_breaks_ties_at_the_edge_by_the_lower_row():
         assert rows.tolist() == want and got.tolist() == scores[want].tolist(), k
     many = np.ones(10_000, dtype=np.float32)  # all tied: the first rows, in order
     assert top_rows(many, 3)[0].tolist() == [0, 1, 2]
+
+
+def test_term_bounds_and_seek_by_hand():
+    """Each term's largest and smallest score over its column (0 for a term with none), and the first
+    position at or after p whose row is >= a row, stepping or galloping (as np.searchsorted finds it)."""
+    from sleuth.retrieval.bm25 import term_bounds
+
+    data = np.array([0.5, 2.0, 1.5, 3.0, 0.25], dtype=np.float32)
+    indptr = np.array([0, 3, 3, 4, 5])  # term 0: 0.5 2.0 1.5; term 1: none; term 2: 3.0; term 3: 0.25
+    tmax, tmin = term_bounds(data, indptr)
+    assert tmax.tolist() == [2.0, 0.0, 3.0, 0.25] and tmin.tolist() == [0.5, 0.0, 3.0, 0.25]
+    pytest.importorskip("numba")
+    from sleuth.retrieval.bm25_kernel import _seek
+
+    rows = np.array([1, 4, 5, 9] + list(range(20, 220, 2)), dtype=np.int32)  # 104 rows: long gaps gallop
+    for p in (0, 2, 3, 50, len(rows)):
+        for row in (0, 1, 2, 5, 6, 9, 10, 20, 21, 100, 101, 218, 219, 500):
+            want = max(p, int(np.searchsorted(rows, row)))
+            assert _seek(rows, p, len(rows), row) == want, (p, row)
+    assert _seek(rows, 0, 3, 100) == 3  # never past the end it is given
+
+
+def test_pruning_bounds_saved_by_the_build_and_unsafe_terms_ranked_in_full(tmp_path, monkeypatch):
+    """The build saves each term's largest and smallest score (what pruning bounds passages with): the
+    same as the columns give, every column ascending. A term whose column is out of order or holds a
+    negative score makes its queries take the full ranking (same results); a bounds file that does
+    not fit the index is refused with its name."""
+    from sleuth.retrieval import bm25
+    from sleuth.retrieval.base import IndexFileError
+
+    _numba_or_skip("numba")
+    monkeypatch.setattr(bm25, "PRUNE_FROM", 0)
+    monkeypatch.setattr(bm25, "PRUNE_PER_K", 0)
+    rows = [{"id": str(i), "text": f"alpha{i % 11} beta{i % 7} gamma{i % 3} delta" + " delta" * (i % 4)}
+            for i in range(400)]
+    r = bm25_index(tmp_path, rows)
+    known, tmax, tmin, ascending = r._stats
+    data, indices, indptr = np.asarray(r._data), np.asarray(r._indices), np.asarray(r._indptr)
+    want_max, want_min = bm25.term_bounds(data, indptr)
+    assert known.all() and ascending.all() and tmax.tolist() == want_max.tolist() and tmin.tolist() == want_min.tolist()
+    for t in range(len(indptr) - 1):
+        col = indices[indptr[t] : indptr[t + 1]]
+        assert (np.diff(col) > 0).all() and (len(col) == 0 or data[indptr[t] : indptr[t + 1]].max() == tmax[t])
+
+    queries = ["alpha3 beta2 gamma1", "delta alpha5", "beta4 gamma0", "alpha1"]
+    want = r.search_rows(queries, k=5)
+    ids = {w: r.model.vocab_dict[w] for w in ("beta4", "alpha5")}
+    r._data, r._indices = data.copy(), indices.copy()
+    lo, hi = indptr[ids["beta4"]], indptr[ids["beta4"] + 1]
+    r._indices[lo:hi], r._data[lo:hi] = r._indices[lo:hi][::-1].copy(), r._data[lo:hi][::-1].copy()  # out of order
+    lo = indptr[ids["alpha5"]]
+    r._data[lo] = -r._data[lo]  # a negative score
+    r._stats, r.counts = None, dict.fromkeys(r.counts, 0)  # bounds computed again as queries need them
+    got = r.search_rows(queries, k=5)
+    assert r.counts["queries_pruned"] == 2 and r._stats[3][ids["beta4"]] == 0 and r._stats[2][ids["alpha5"]] < 0
+    for q, (g, w), ref in zip(queries, zip(got, want), [r.scores(r.query_term_ids(x)) for x in queries]):
+        if q != "delta alpha5":  # its score changed with the negated posting: compared with the dense sum
+            assert g[0].tolist() == w[0].tolist() and g[1].tolist() == w[1].tolist(), q
+        want_rows, want_scores = bm25.top_rows(ref, 5)
+        assert g[0].tolist() == want_rows.tolist() and g[1].tolist() == want_scores.tolist(), q
+
+    path = tmp_path / "idx" / "bm25" / bm25.STATS_FILE
+    with np.load(path) as f:
+        np.savez(path, max=f["max"][:-1], min=f["min"][:-1], ascending=f["ascending"][:-1])
+    with pytest.raises(IndexFileError, match=bm25.STATS_FILE):
+        load_index(tmp_path / "idx")
+    path.unlink()  # an index without the file (an older build): bounds computed as queries need them
+    r = load_index(tmp_path / "idx")
+    assert r._stats is None and [x[0].tolist() for x in r.search_rows(queries, k=5)] == [w[0].tolist() for w in want]
+    assert r._stats[0].sum() == len({t for q in queries for t in r.query_term_ids(q)})

@@ -145,18 +145,57 @@ def test_dense_retriever_searches_on_given_devices(outside, tmp_path):
     assert np.mean([x[0][0] == y[0][0] for x, y in zip(a, b)]) >= 0.9
 
 
-def test_device_search_of_a_compressed_index_is_refused(outside, tmp_path):
-    root, _, model, _ = outside
+@pytest.mark.parametrize("factory", ["PCAR64,SQ6", "SQ8", "SQ4", "PQ48x4", "OPQ16_64,PQ16x4"])
+def test_torch_search_of_a_compressed_index_equals_faiss(outside, factory):
+    """A compressed flat codec (alone or behind PCA/OPQ, as Sleuth's PCAR256,SQ6 default) searched with
+    torch over its decoded vectors, queries through its transforms, in row shards on two CPU
+    "devices": faiss' own rows and scores, on real embeddings of real passages."""
+    import torch
+
+    from sleuth.retrieval.torch_flat import TorchFlatSearch
+
+    _, questions, model, flat = outside
+    x = flat.reconstruct_n(0, flat.ntotal)
+    index = faiss.index_factory(x.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
+    index.train(x)
+    index.add(x)
+    q_QD = encode_queries(model, questions, "")
+    want_s, want_r = index.search(q_QD, 5)
+    got_s, got_r = TorchFlatSearch(index, ["cpu", "cpu"], dtype=torch.float32, rows_per_copy=64).search(q_QD, 5)
+    np.testing.assert_allclose(got_s, want_s, rtol=1e-4, atol=1e-5)
+    tied = np.isclose(want_s[:, :, None], want_s[:, None, :], rtol=1e-4, atol=1e-5).sum(2) > 1
+    assert (got_r == want_r)[~tied].all() and (~tied).mean() > 0.8  # rows differ only among equal scores
+    assert np.abs(got_s - flat.search(q_QD, 5)[0]).max() > 1e-5  # the codes' scores, not the exact ones
+
+
+def test_device_search_of_an_imported_compressed_index_and_refusals(outside, tmp_path):
+    """An imported SQ8 index searched on devices through the retriever (faiss' answers); an index that
+    visits part of its vectors (IVF, HNSW) or uses L2 is refused with its type named."""
     from sleuth.retrieval.corpus import CorpusStore
     from sleuth.retrieval.dense import DenseRetriever
+    from sleuth.retrieval.torch_flat import TorchFlatSearch
 
-    sq = faiss.IndexScalarQuantizer(384, faiss.ScalarQuantizer.QT_8bit, faiss.METRIC_INNER_PRODUCT)
-    x = np.random.default_rng(0).standard_normal((N, 384)).astype(np.float32)
+    root, questions, _, flat = outside
+    x = flat.reconstruct_n(0, flat.ntotal)
+    sq = faiss.IndexScalarQuantizer(x.shape[1], faiss.ScalarQuantizer.QT_8bit, faiss.METRIC_INNER_PRODUCT)
     sq.train(x)
     sq.add(x)
     faiss.write_index(sq, str(tmp_path / "sq.index"))
     assert main(["index", "import", "--faiss", str(tmp_path / "sq.index"), "--corpus", str(root / "corpus.jsonl"),
                  "--encoder", DEFAULT_ENCODER, "--out", str(tmp_path / "idx"), "--device", "cpu"]) == 0
-    with pytest.raises(ValueError, match="needs a Flat index; this one is IndexScalarQuantizer"):
-        DenseRetriever(tmp_path / "idx" / "dense", CorpusStore(tmp_path / "idx" / "corpus"), device="cpu",
-                       search_devices=["cpu"])
+    store = CorpusStore(tmp_path / "idx" / "corpus")
+    on_faiss = DenseRetriever(tmp_path / "idx" / "dense", store, device="cpu")
+    on_torch = DenseRetriever(tmp_path / "idx" / "dense", store, device="cpu", search_devices=["cpu", "cpu"])
+    assert on_torch.searcher is not on_torch.index
+    a, b = on_faiss.search_rows(questions, 3), on_torch.search_rows(questions, 3)
+    assert np.mean([x[0][0] == y[0][0] for x, y in zip(a, b)]) >= 0.9  # float16 on the devices
+    for factory, kind in [("IVF4,Flat", "IndexIVFFlat"), ("HNSW8", "IndexHNSWFlat")]:
+        index = faiss.index_factory(x.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
+        index.train(x)
+        index.add(x)
+        with pytest.raises(ValueError, match=f"the index is a {kind}, which is not searched by a scan"):
+            TorchFlatSearch(index, ["cpu"])
+    l2 = faiss.IndexFlatL2(x.shape[1])
+    l2.add(x)
+    with pytest.raises(ValueError, match="does not use inner product"):
+        TorchFlatSearch(l2, ["cpu"])
