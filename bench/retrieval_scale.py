@@ -220,8 +220,12 @@ def wiki_dev_agreement(tmp: Path) -> dict:
     same = sum(x[0].tolist() == y[0].tolist() for x, y in zip(a, b))
     out = {"wiki_dev_passages": len(ours.store), "wiki_dev_questions": len(qs), "wiki_dev_top3_equal": same / len(qs)}
     if bm25.NUMBA:  # the pruned kernel (used from 200k passages) on the real corpus too
+        sizes = bm25.PRUNE_FROM, bm25.PRUNE_PER_K
         bm25.PRUNE_FROM = bm25.PRUNE_PER_K = 0
-        pruned = ours.search_rows(qs, 3)
+        try:
+            pruned = ours.search_rows(qs, 3)
+        finally:
+            bm25.PRUNE_FROM, bm25.PRUNE_PER_K = sizes
         out["wiki_dev_top3_equal_pruned"] = sum(x[0].tolist() == y[0].tolist() for x, y in zip(pruned, b)) / len(qs)
     return out
 

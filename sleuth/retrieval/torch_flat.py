@@ -7,7 +7,8 @@ after ``PCAR256``) are copied onto the devices in row shards, float16 by default
 wiki-18 (21M) with e5-base-v2: Flat is 32 GB in float16; ``PCAR256,SQ6`` decoded 10.7 GB (its
 codes take 4 GB on the host). faiss scores a code by the inner product with its decoded vector, so
 the results are faiss' own (rows; scores to float rounding) when run in float32. IVF and HNSW
-indexes visit part of the vectors: not searched here (faiss-gpu searches them).
+indexes visit part of the vectors: not searched here (faiss searches them on the CPU; Sleuth does
+not drive faiss-gpu, which the pip faiss wheel lacks).
 
 Used by :class:`sleuth.retrieval.dense.DenseRetriever` when it is given ``search_devices`` (``sleuth
 serve --search-devices cuda:0,cuda:1``). Tested on CPU devices, not yet on a GPU.
@@ -35,7 +36,7 @@ def scan_parts(index) -> tuple[object, list]:
     kind = type(index).__name__
     if kind not in SCAN_TYPES:
         raise ValueError(f"the index is a {kind}, which is not searched by a scan over every vector; torch searches "
-                         f"Flat, SQ and PQ indexes (with or without a PCA/OPQ transform); faiss-gpu searches the others")
+                         f"Flat, SQ and PQ indexes (with or without a PCA/OPQ transform); faiss searches the others on the CPU")
     if index.metric_type != faiss.METRIC_INNER_PRODUCT:
         raise ValueError(f"the {kind} index does not use inner product (metric {index.metric_type}); "
                          "Sleuth's dense indexes do: rebuild it with `sleuth index build --kind dense`")
