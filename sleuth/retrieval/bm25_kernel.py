@@ -327,8 +327,9 @@ def top_many_pruned(data, indices, indptr, terms, starts, queries, k, tmax, n_do
     and no negative score, and ``tmax`` holding each term's largest score (:func:`term_stats`);
     ``n_docs``: the passages. ``out_read[q]``: the postings query ``q`` summed plus its lookups."""
     queries = np.asarray(queries, dtype=np.int64)
-    longest = int(np.max(starts[queries + 1] - starts[queries], initial=1))
+    df = np.minimum(indptr[terms + 1] - indptr[terms], WINDOW)  # each term's most postings in one window
+    in_window = np.add.reduceat(np.r_[df, 0], starts[:-1])[queries] if len(terms) else np.zeros(1, np.int64)
     acc = np.zeros(WINDOW, dtype=np.float32)
-    cand = np.empty(max(longest, 1) * WINDOW, dtype=np.int32)
+    cand = np.empty(max(int(in_window.max(initial=0)), 1), dtype=np.int32)  # candidates of one window, listed per term
     _top_many_pruned(data, indices, indptr, terms, starts, queries, k, tmax, n_docs, acc, cand,
                      out_rows, out_scores, out_n, out_read, SCAN_RATIO, SEEDS)
