@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import numpy as np  # noqa: E402
-from retrieval_scale import WIKI18, PeakAnon, extrapolate, generate, log, rss_gb  # noqa: E402
+from retrieval_scale import WIKI18, PeakAnon, extrapolate, generate, in_child, log, rss_gb  # noqa: E402
 
 DIM = 384  # all-MiniLM-L6-v2, the default encoder (installed here; its dimension is checked)
 
@@ -107,14 +106,6 @@ def child_query(out: str, n: int, n_queries: int) -> dict:
             "queries_per_s": qps}
 
 
-def in_child(args: list[str]) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True, text=True, cwd=ROOT,
-                         check=False)
-    if out.returncode != 0:
-        raise RuntimeError(f"child {args[0]} failed: {out.stderr[-2000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true")
@@ -148,8 +139,8 @@ def main() -> int:
             for factory in factories:
                 out = tmp / f"idx_{n}_{factory.replace(',', '_')}"
                 row = {"passages": n, "factory": factory, **cache,
-                       **in_child(["build", str(store), str(out), str(tmp / "cache"), factory])}
-                row.update(in_child(["query", str(out), str(n), str(args.queries)]))
+                       **in_child(["build", str(store), str(out), str(tmp / "cache"), factory], __file__)}
+                row.update(in_child(["query", str(out), str(n), str(args.queries)], __file__))
                 log(f"  {factory}: built in {row['build_s']:.0f} s, peak {row['build_peak_rss_gb']:.2f} GB, "
                     f"index {row['index_disk_gb']:.2f} GiB, opened {row['loaded_rss_gb']:.3f} GB, "
                     f"{row['queries_per_s']:.0f} q/s")

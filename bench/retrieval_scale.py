@@ -195,8 +195,10 @@ def child_query(index: str, n_queries: int, baseline_queries: int) -> dict:
             "queries_per_s": qps, **extra, "baseline_queries_per_s": base_qps, "threads": r.threads}
 
 
-def in_child(args: list[str]) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True, text=True, cwd=ROOT)
+def in_child(args: list[str], script: str = __file__) -> dict:
+    """Run ``script --child ARGS`` in a fresh process (its own memory figures); its last stdout line as JSON."""
+    out = subprocess.run([sys.executable, script, "--child", *args], capture_output=True, text=True, cwd=ROOT,
+                         check=False)
     if out.returncode != 0:
         raise RuntimeError(f"child {args[0]} failed: {out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
