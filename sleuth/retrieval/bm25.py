@@ -279,13 +279,14 @@ class BM25Retriever:
 
         The same rows and scores as summing every passage's score (:meth:`scores`) and taking the
         top ``k`` (:meth:`_top`); a batch is spread over ``threads`` worker threads, each with its
-        own score buffer, ranked by the numba kernel when numba is installed (:meth:`_compiled_ranker`,
-        no GIL) or by numpy (which releases the GIL in the copies and selections that dominate)."""
+        own score buffer, ranked by the numba kernels when numba is installed and the scores are
+        float32, as Sleuth builds them (:meth:`_compiled_ranker`, no GIL), or by numpy (which releases
+        the GIL in the copies and selections that dominate)."""
         check_k(k)
         term_ids = [self.query_term_ids(q) for q in queries]
         self.num_empty_queries += sum(not t for t in term_ids)
         threads = max(1, min(self.threads, len(queries)))
-        if self.compiled and NUMBA and self.model.nonoccurrence_array is None:
+        if self.compiled and NUMBA and self.model.nonoccurrence_array is None and self._data.dtype == np.float32:
             rank = self._compiled_ranker(term_ids, k)
         else:
             def rank(share: list[int]) -> list:

@@ -29,7 +29,7 @@ ascending order and enter the top k only with a strictly higher score, so among 
 lower row stays (as in :func:`top_many`).
 
 Measured on 2M generated passages (``bench/retrieval_scale.py``: 2 threads, top-3, the dev
-questions): 1,569 queries/s against 546 for :func:`top_many` (docs/retrieval_at_scale.md). Tried before, and slower than :func:`top_many`: pruning term at a time
+questions): 1,575 queries/s against 542 for :func:`top_many` (docs/retrieval_at_scale.md). Tried before, and slower than :func:`top_many`: pruning term at a time
 (most valuable terms first, 289 against 481 q/s: right after it stops nearly every touched passage
 is still a candidate), and document at a time over the whole corpus without windows (a cursor per
 term, the next passage the least of them: 464 against 441, the per-passage tests cost as much as

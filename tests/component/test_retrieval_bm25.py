@@ -167,7 +167,7 @@ def _numba_or_skip(mode):
 @pytest.mark.parametrize("threads", [1, 3])
 def test_batched_search_equals_one_dense_query_at_a_time(tmp_path, monkeypatch, threads, mode):
     """search_rows (worker threads; numpy: the passages a query's postings touch, or the dense sum; the
-    compiled kernel, every posting or with MaxScore pruning over windows of passages, 16,384 or 64 at a
+    compiled kernel, every posting or with MaxScore pruning over windows of passages, 65,536 or 64 at a
     time) gives each query's top rows and scores of the dense
     per-query sum, ties included; buffers are left clean. Corpora: one made of repeated passages (ties
     everywhere), also as a Robertson index (a word in 2/3 of the passages: its negative idf, which bm25s
@@ -250,8 +250,8 @@ def test_term_bounds_and_seek_by_hand():
 def test_pruning_bounds_saved_by_the_build_and_unsafe_terms_ranked_in_full(tmp_path, monkeypatch):
     """The build saves each term's largest and smallest score (what pruning bounds passages with): the
     same as the columns give, every column ascending. A term whose column is out of order or holds a
-    negative score makes its queries take the full ranking (same results); a bounds file that does
-    not fit the index is refused with its name."""
+    negative score makes its queries take the full ranking (same results); float64 scores take the
+    numpy path; a bounds file that does not fit the index is refused with its name."""
     from sleuth.retrieval import bm25
     from sleuth.retrieval.base import IndexFileError
 
@@ -261,10 +261,10 @@ def test_pruning_bounds_saved_by_the_build_and_unsafe_terms_ranked_in_full(tmp_p
     rows = [{"id": str(i), "text": f"alpha{i % 11} beta{i % 7} gamma{i % 3} delta" + " delta" * (i % 4)}
             for i in range(400)]
     r = bm25_index(tmp_path, rows)
-    known, tmax, tmin, ascending = r._stats
+    _, tmax, tmin, ascending = r._stats
     data, indices, indptr = np.asarray(r._data), np.asarray(r._indices), np.asarray(r._indptr)
     want_max, want_min = bm25.term_bounds(data, indptr)
-    assert known.all() and ascending.all() and tmax.tolist() == want_max.tolist() and tmin.tolist() == want_min.tolist()
+    assert ascending.all() and tmax.tolist() == want_max.tolist() and tmin.tolist() == want_min.tolist()
     for t in range(len(indptr) - 1):
         col = indices[indptr[t] : indptr[t + 1]]
         assert (np.diff(col) > 0).all() and (len(col) == 0 or data[indptr[t] : indptr[t + 1]].max() == tmax[t])
@@ -285,6 +285,13 @@ def test_pruning_bounds_saved_by_the_build_and_unsafe_terms_ranked_in_full(tmp_p
             assert g[0].tolist() == w[0].tolist() and g[1].tolist() == w[1].tolist(), q
         want_rows, want_scores = bm25.top_rows(ref, 5)
         assert g[0].tolist() == want_rows.tolist() and g[1].tolist() == want_scores.tolist(), q
+
+    r._data = data.astype(np.float64)  # a float64 index (bm25s can save one): numpy ranks it, as exact as ever
+    r.counts = dict.fromkeys(r.counts, 0)
+    for q, (g_rows, g_scores) in zip(queries, r.search_rows(queries, k=5)):
+        want_rows, want_scores = bm25.top_rows(r.scores(r.query_term_ids(q)), 5)
+        assert g_rows.tolist() == want_rows.tolist() and g_scores.tolist() == want_scores.tolist(), q
+    assert r.counts["queries"] == 0  # the compiled kernels were not used
 
     path = tmp_path / "idx" / "bm25" / bm25.STATS_FILE
     with np.load(path) as f:

@@ -2,6 +2,7 @@
 encoder's embeddings of a real corpus sample, as Search-R1's index_builder does with e5) searched through Sleuth
 gives faiss' own top-k; the faiss file is linked, never copied or changed; mismatches are clear errors."""
 
+import gc
 import hashlib
 import json
 import os
@@ -156,12 +157,18 @@ def test_torch_search_of_a_compressed_index_equals_faiss(outside, factory):
 
     _, questions, model, flat = outside
     x = flat.reconstruct_n(0, flat.ntotal)
-    index = faiss.index_factory(x.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
-    index.train(x)
-    index.add(x)
     q_QD = encode_queries(model, questions, "")
-    want_s, want_r = index.search(q_QD, 5)
-    got_s, got_r = TorchFlatSearch(index, ["cpu", "cpu"], dtype=torch.float32, rows_per_copy=64).search(q_QD, 5)
+
+    def searcher_and_answers():  # the index is dropped on return: the searcher must keep what it needs
+        index = faiss.index_factory(x.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
+        index.train(x)
+        index.add(x)
+        on_torch = TorchFlatSearch(index, ["cpu", "cpu"], dtype=torch.float32, rows_per_copy=64, rows_per_block=40)
+        return on_torch, index.search(q_QD, 5)
+
+    searcher, (want_s, want_r) = searcher_and_answers()
+    gc.collect()
+    got_s, got_r = searcher.search(q_QD, 5)  # two shards of 150 rows, each scored 40 rows at a time
     np.testing.assert_allclose(got_s, want_s, rtol=1e-4, atol=1e-5)
     tied = np.isclose(want_s[:, :, None], want_s[:, None, :], rtol=1e-4, atol=1e-5).sum(2) > 1
     assert (got_r == want_r)[~tied].all() and (~tied).mean() > 0.8  # rows differ only among equal scores
