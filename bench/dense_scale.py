@@ -43,7 +43,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import numpy as np  # noqa: E402
-from retrieval_scale import WIKI18, PeakAnon, extrapolate, generate, in_child, log, rss_gb  # noqa: E402
+from retrieval_scale import WIKI18, PeakAnon, emit, extrapolate, generate, in_child, log, rss_gb  # noqa: E402
 
 DIM = 384  # all-MiniLM-L6-v2, the default encoder (installed here; its dimension is checked)
 
@@ -166,10 +166,7 @@ def main() -> int:
     finally:
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
-    if not args.json:
-        log(json.dumps(summary, indent=1))
-    print(json.dumps(summary), flush=True)
-    return 0
+    return emit(summary, args.json)
 
 
 if __name__ == "__main__":

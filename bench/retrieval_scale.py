@@ -309,7 +309,12 @@ def main() -> int:
     finally:
         if not args.keep:
             shutil.rmtree(tmp, ignore_errors=True)
-    if not args.json:
+    return emit(summary, args.json)
+
+
+def emit(summary: dict, json_only: bool) -> int:
+    """The summary, indented on stderr unless ``json_only``, and as the last stdout line; exit status 0."""
+    if not json_only:
         log(json.dumps(summary, indent=1))
     print(json.dumps(summary), flush=True)
     return 0
