@@ -23,6 +23,13 @@ difference between the weights each update produced (against the largest change 
 
     python bench/train.py [--json] [--rows 64] [--repeats 3]
     python bench/train.py --smollm2 [--json] [--rows 4] [--repeats 2] [--threads 2] [--layout search|dense] [--bf16]
+                          [--group-size 8 [--queries 2]]
+
+With ``--group-size G`` the rows come in GRPO groups (a common prompt; all but ``queries - 1`` rows of a
+group also share the first turn and its observation, as when the samples search with the same query)
+and each 'after' update is also timed with shared prefixes (``train.share_prefix``):
+``speedup_after_shared`` (and ``speedup_after_bf16_shared``) against the same update on whole rows, with
+the loss and weight differences between the two.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from sleuth.config import AlgoConfig  # noqa: E402
 from sleuth.models import compute_autocast  # noqa: E402
 from sleuth.train import forward  # noqa: E402
 from sleuth.train.forward import batched_logprobs, length_buckets, padding_share  # noqa: E402
+from sleuth.train.prefix_share import computed_share, prefix_buckets  # noqa: E402
 from sleuth.train.update import UpdateBatch, compute_advantages, policy_update  # noqa: E402
 from tests.component.test_train_update import _reference_loss  # noqa: E402
 from tests.helpers.tiny import tiny_model, tiny_tokenizer  # noqa: E402
@@ -86,11 +94,21 @@ LAYOUTS = {
 }
 
 
-def rollout_rows(vocab: int, rows: int, layout: str = "search", seed: int = 0):
-    """Rows of random tokens shaped as ``LAYOUTS[layout]``; the loss mask on the sampled spans."""
+def rollout_rows(vocab: int, rows: int, layout: str = "search", seed: int = 0, group_size: int = 0, queries: int = 1):
+    """Rows of random tokens shaped as ``LAYOUTS[layout]``; the loss mask on the sampled spans. With
+    ``group_size``: GRPO groups, each row of a group with the group's prompt; the group's first
+    ``group_size - queries + 1`` rows also share the spans before the last (the same first turn, hence the
+    same observation), each other row its own; the last span is every row's own."""
     g = torch.Generator().manual_seed(seed)
     T = sum(n for _, n in LAYOUTS[layout])
     ids = torch.randint(100, vocab, (rows, T), generator=g)
+    if group_size:
+        prompt, before_last = LAYOUTS[layout][0][1], T - LAYOUTS[layout][-1][1]
+        for b in range(rows):
+            first = b - b % group_size  # the group's first row
+            ids[b, :prompt] = ids[first, :prompt]
+            if b % group_size <= group_size - queries:  # the group's common first turns; the others keep their own
+                ids[b, :before_last] = ids[first, :before_last]
     att = torch.ones(rows, T, dtype=torch.long)
     mask = torch.zeros(rows, T, dtype=torch.long)
     start = 0
@@ -108,13 +126,13 @@ def smollm2_step(args) -> dict:
     torch.set_num_threads(args.threads)
     policy, tok = load_policy("smollm2", dtype="float32", device="cpu")
     ref = copy.deepcopy(policy).eval().requires_grad_(False)
-    ids, att, mask = rollout_rows(len(tok), args.rows, args.layout)
+    ids, att, mask = rollout_rows(len(tok), args.rows, args.layout, group_size=args.group_size, queries=args.queries)
     algo = AlgoConfig(clip_low=0.2, clip_high=0.28, kl_coef=0.001, kl_mode="loss")
     mbs = args.micro_batch_size
     with torch.no_grad():  # the sampler's logprobs (the same weights sampled these tokens)
         sampler = batched_logprobs(policy, ids, att, micro_batch_size=mbs)
     scores = torch.rand(args.rows, generator=torch.Generator().manual_seed(1))
-    adv, _ = compute_advantages(algo, scores, [f"q{i // 2}" for i in range(args.rows)], mask)
+    adv, _ = compute_advantages(algo, scores, [f"q{i // (args.group_size or 2)}" for i in range(args.rows)], mask)
     real_token_logprobs = upd.token_logprobs
 
     def before_logprobs(*a, **kw):  # every position, entropy inside the graph
@@ -125,24 +143,27 @@ def smollm2_step(args) -> dict:
     ref_bf16 = copy.deepcopy(ref).to(torch.bfloat16) if args.bf16 else None
 
     def run(variant: str) -> tuple[float, float, torch.nn.Module]:
-        before = variant == "before"
+        before, bf16, shared = variant == "before", "bf16" in variant, variant.endswith("_shared")
         m = copy.deepcopy(policy).train()
         opt = torch.optim.AdamW(m.parameters(), lr=1e-6)
         needed = None if before else mask
         t0 = time.perf_counter()
-        with compute_autocast("bfloat16" if variant == "after_bf16" else "float32", "cpu"):
+        with compute_autocast("bfloat16" if bf16 else "float32", "cpu"):
             old = batched_logprobs(m, ids, att, micro_batch_size=mbs) if before else sampler
-            ref_lp = batched_logprobs(ref_bf16 if variant == "after_bf16" else ref, ids, att, micro_batch_size=mbs,
-                                      needed_BT=needed)
+            ref_lp = batched_logprobs(ref_bf16 if bf16 else ref, ids, att, micro_batch_size=mbs, needed_BT=needed,
+                                      shared_prefix=shared)
             batch = UpdateBatch(ids, att, mask, adv, old, ref_logprobs_BT=ref_lp)
             upd.token_logprobs = before_logprobs if before else real_token_logprobs
             try:
-                loss = policy_update(m, opt, batch, algo, micro_batch_size=mbs, grad_clip=1.0)["algo/loss"]
+                loss = policy_update(m, opt, batch, algo, micro_batch_size=mbs, grad_clip=1.0,
+                                     shared_prefix=shared)["algo/loss"]
             finally:
                 upd.token_logprobs = real_token_logprobs
         return time.perf_counter() - t0, loss, m
 
     variants = ["before", "after"] + (["after_bf16"] if args.bf16 else [])
+    if args.group_size:  # the same update with each micro-batch's common prefix run once (train.share_prefix)
+        variants += [v + "_shared" for v in variants[1:]]
     times: dict[str, list[float]] = {v: [] for v in variants}
     losses: dict[str, float] = {}
     models: dict[str, torch.nn.Module] = {}
@@ -155,6 +176,11 @@ def smollm2_step(args) -> dict:
     def max_diff(a, b):
         return max(float((p - q).abs().max()) for p, q in zip(a.parameters(), b.parameters()))
 
+    def relative_step_diff(a, b):  # |step_a - step_b| / |step_a| over all weights (steps from the start weights)
+        num = sum(float(((p - q).double() ** 2).sum()) for p, q in zip(a.parameters(), b.parameters()))
+        den = sum(float(((p - w).double() ** 2).sum()) for p, w in zip(a.parameters(), policy.parameters()))
+        return (num / den) ** 0.5
+
     out = {"model": "SmolLM2-135M-Instruct (float32 weights)", "rows": args.rows, "tokens_per_row": ids.shape[1],
            "trained_tokens": int(mask.sum()), "threads": args.threads, "before_s": t_before, "after_s": t_after,
            "before_all_s": times["before"], "after_all_s": times["after"], "speedup": t_before / t_after,
@@ -165,6 +191,15 @@ def smollm2_step(args) -> dict:
         out.update({"after_bf16_s": min(times["after_bf16"]), "after_bf16_all_s": times["after_bf16"],
                     "speedup_bf16": t_before / min(times["after_bf16"]),
                     "max_weight_diff_before_after_bf16": max_diff(models["before"], models["after_bf16"])})
+    if args.group_size:
+        out.update({"group_size": args.group_size, "queries_per_group": args.queries,
+                    "computed_token_share": computed_share(ids, att, prefix_buckets(ids, att, mbs))})
+        for v in [v for v in variants if v.endswith("_shared")]:
+            whole = v[: -len("_shared")]
+            out.update({f"{v}_s": min(times[v]), f"{v}_all_s": times[v], f"speedup_{v}": min(times[whole]) / min(times[v]),
+                        f"loss_abs_diff_{v}": abs(losses[whole] - losses[v]),
+                        f"max_weight_diff_{v}": max_diff(models[whole], models[v]),
+                        f"relative_step_diff_{v}": relative_step_diff(models[whole], models[v])})
     return out
 
 
@@ -180,15 +215,23 @@ def main() -> int:
     ap.add_argument("--bf16", action="store_true",
                     help="--smollm2: also the 'after' update under bf16 autocast (float32 master weights, "
                          "model.dtype=bfloat16), the reference held in bf16")
+    ap.add_argument("--group-size", type=int, default=0,
+                    help="--smollm2: rows in GRPO groups of this size (see rollout_rows) and the update also timed "
+                         "with shared prefixes (train.share_prefix): speedup_<variant>_shared against <variant>")
+    ap.add_argument("--queries", type=int, default=2, help="--group-size: distinct first turns per group")
     args = ap.parse_args()
     if args.smollm2:
-        args.rows, args.repeats = args.rows or 4, args.repeats or 2
+        args.rows, args.repeats = args.rows or (2 * args.group_size or 4), args.repeats or 2
         result = smollm2_step(args)
         if not args.json:
             for k, v in result.items():
                 print(f"{k:>24}: {v:.6g}" if isinstance(v, float) else f"{k:>24}: {v}")
         print(json.dumps(result))
         ok = result["loss_abs_diff"] < 1e-4 and result["max_weight_diff_before_after"] < 0.1 * result["max_weight_change"]
+        if args.group_size:  # shared prefixes: the same AdamW step as the whole rows', to rounding. AdamW's first
+            # step is about lr * sign(gradient), so a weight whose gradient is near 0 may step either way: the
+            # criterion is the whole step's relative difference, not the largest single weight's; bf16: reported
+            ok = ok and result["loss_abs_diff_after_shared"] < 1e-4 and result["relative_step_diff_after_shared"] < 0.05
         return 0 if ok else 1
     args.rows, args.repeats = args.rows or 64, args.repeats or 3
     torch.manual_seed(0)

@@ -252,6 +252,15 @@ class TrainConfig:
     grows with the square of the packed length: worth it for rows of very different lengths, not for long
     micro-batches of similar rows. For the Llama, Mistral, Qwen2/Qwen3, SmolLM3 and OLMo2 families; other models run
     padded, with a warning."""
+    share_prefix: Bool = False
+    """Run the leading tokens a micro-batch's rows have in common once (update, old-policy and reference passes):
+    rows are grouped by their tokens (a GRPO group's samples share the prompt and, when they search alike, the
+    first turns and their ``<information>``), the common part runs as one row whose KV cache the rows' own
+    tokens then attend to. The same logprobs and gradients to float rounding; much less compute when samples
+    share long prefixes (``perf/computed_token_share`` reports the slots computed per real token).
+    ``max_tokens_per_micro_batch`` counts computed slots. Single process only (not under torchrun), not with
+    ``remove_padding`` or ``grad_checkpointing``, for models whose KV cache is plain full attention (others: a
+    warning, the micro-batches run whole); a critic's passes run whole."""
     mini_batches: Annotated[Int, Field(ge=1)] = 1
     """Optimizer steps per rollout batch (PPO mini-batches): each rank splits its rows into this many, so a
     mini-batch holds B / mini_batches rows over all ranks."""

@@ -23,6 +23,10 @@ mask from the position ids, so no token attends across rows and the layers outsi
 compute no padding. Attention itself: flash-attention kernels run each row on its own; eager and
 SDPA compute the whole packed row against the [N, N] mask. The results are scattered back to the
 [B, T] layout. For the model families in ``PACKING_MODELS`` (:func:`supports_packing`).
+
+Shared prefixes (``shared_prefix=True``, ``train.share_prefix``): the leading tokens all of a
+micro-batch's rows have in common run once, as one row whose KV cache is kept, repeated over the rows,
+and read by each row's own tokens (``sleuth.train.prefix_share`` says which rows and how many tokens).
 """
 
 from __future__ import annotations
@@ -30,10 +34,12 @@ from __future__ import annotations
 import functools
 
 import torch
+from transformers import DynamicCache
 
 from sleuth.algo.logprobs import entropy_from_logits, logprobs_and_entropy
+from sleuth.rollout.hf_backend import cache_kwarg
 from sleuth.train.chunked_head import scoring_head, supports_chunked_head
-
+from sleuth.train.prefix_share import prefix_buckets, shared_split
 
 # model types whose decoder builds its attention mask with transformers' masking utilities from the
 # position ids when no attention mask is given (packed rows: a block-diagonal causal mask) and applies
@@ -123,15 +129,18 @@ def _wrapped(model):
     return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
 
 
-def selected_logits(model, input_ids_BT, attention_mask_BT, position_ids_BT, keep_BT) -> torch.Tensor:
+def selected_logits(model, input_ids_BT, attention_mask_BT, position_ids_BT, keep_BT, *, cache=None) -> torch.Tensor:
     """Logits [N, V] at the True positions of ``keep_BT`` (row-major order), through the model's own
-    forward (``position_ids_BT`` None: the model's default positions)."""
+    forward (``position_ids_BT`` None: the model's default positions). ``cache``: a KV cache the forward
+    reads (its columns come before these) and extends."""
     inner = _wrapped(model)
     takes_mask = _keeps_masked_logits() and hasattr(inner, "get_output_embeddings")
     kwargs = {"logits_to_keep": keep_BT} if takes_mask else {}
-    # use_cache=False: no KV cache to fill (and transformers detects packed rows only without one)
+    if cache is not None:
+        kwargs[cache_kwarg(inner)] = cache
+    # use_cache=False without one: no KV cache to fill (and transformers detects packed rows only without one)
     logits = model(input_ids=input_ids_BT, attention_mask=attention_mask_BT, position_ids=position_ids_BT,
-                   use_cache=False, **kwargs).logits
+                   use_cache=cache is not None, **kwargs).logits
     if logits.dim() == 3:  # a model that computed every position: select afterwards (same values)
         logits = logits[keep_BT]
     return logits  # [N, V]
@@ -147,6 +156,7 @@ def token_logprobs(
     entropy_grad: bool = True,
     needed_BT: torch.Tensor | None = None,
     packed: bool = False,
+    shared_prefix: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Logprob of each token given its prefix (and the entropy of that prediction), shape [B, T].
 
@@ -155,8 +165,13 @@ def token_logprobs(
     then not kept for the backward pass (a [B, T, V] tensor per micro-batch). ``needed_BT`` (e.g.
     the loss mask): only those columns are computed (the output layer runs at their positions
     only); the others hold 0. ``packed``: the rows run as one row without padding (:func:`pack`;
-    the same values, to float rounding, for a model :func:`supports_packing` accepts).
+    the same values, to float rounding, for a model :func:`supports_packing` accepts). ``shared_prefix``:
+    the leading tokens common to all rows run once (``sleuth.train.prefix_share``; the same values, to
+    float rounding, for a model whose KV cache is plain full attention).
     """
+    if shared_prefix:
+        return _shared_logprobs(model, input_ids_BT, attention_mask_BT, needed_BT, temperature=temperature,
+                                with_entropy=with_entropy, entropy_grad=entropy_grad)
     if packed:
         return _packed_logprobs(model, input_ids_BT, attention_mask_BT, temperature=temperature,
                                 with_entropy=with_entropy, entropy_grad=entropy_grad, needed_BT=needed_BT)
@@ -194,36 +209,95 @@ def _needed_logprobs(model, input_ids_BT, attention_mask_BT, positions_BT, neede
     """``token_logprobs`` at the columns of ``needed_BT`` only: logits at their positions ``t - 1``."""
     keep_BT = torch.zeros_like(needed_BT)
     keep_BT[:, :-1] = needed_BT[:, 1:]  # the logits at t - 1 score token t
+    lp_N, ent_N, anchor = _score_positions(model, input_ids_BT, attention_mask_BT, positions_BT, keep_BT,
+                                           input_ids_BT[:, 1:][needed_BT[:, 1:]], temperature=temperature,
+                                           with_entropy=with_entropy, entropy_grad=entropy_grad)
+    B, T = input_ids_BT.shape
+    zeros_Bt = torch.zeros(B, T - 1, dtype=lp_N.dtype, device=lp_N.device)
+    lp_Bt = zeros_Bt.masked_scatter(needed_BT[:, 1:], lp_N)  # [B, T-1], differentiable in lp_N
+    ent_Bt = zeros_Bt.masked_scatter(needed_BT[:, 1:], ent_N) if ent_N is not None else None
+    return _with_first_column(*_anchored(lp_Bt, ent_Bt, anchor))
+
+
+def _anchored(lp, ent, anchor):
+    if anchor is None:
+        return lp, ent
+    return lp + anchor, ent + anchor if ent is not None else None
+
+
+def _score_positions(model, input_ids_BT, attention_mask_BT, positions_BT, keep_BT, tokens_N, *, temperature,
+                     with_entropy, entropy_grad, cache=None):
+    """Logprob (and entropy) of ``tokens_N`` under the logits at the True positions of ``keep_BT`` (row-major):
+    ``(lp_N, ent_N or None, anchor or None)``. With no True position one position runs anyway (every DDP rank
+    runs a backward) and ``anchor`` is a zero with a gradient path, to add to the results. ``cache``: a KV
+    cache the forward reads and extends (``sleuth.train.prefix_share``)."""
     empty = not bool(keep_BT.any())  # e.g. a micro-batch of rows left out of the loss (failed searches)
-    if empty:  # one position anyway, so the loss still has a graph (DDP ranks all run the backward)
+    if empty:
+        keep_BT = keep_BT.clone()
         keep_BT[0, 0] = True
-    tokens_1N = input_ids_BT[:, 1:][needed_BT[:, 1:]][None]
     if supports_chunked_head(model):  # never the [N, V] logits with their graph
-        scored_tokens_N = input_ids_BT[0, :1] if empty else tokens_1N[0]  # any valid id for the anchor
+        scored_tokens_N = input_ids_BT[0, :1] if empty else tokens_N  # any valid id for the anchor
         select = None if _keeps_masked_logits() else keep_BT  # older transformers: the head selects
         with scoring_head(model, scored_tokens_N, temperature=temperature, with_entropy=with_entropy, keep_BT=select):
-            scored_N2 = selected_logits(model, input_ids_BT, attention_mask_BT, positions_BT, keep_BT)
+            scored_N2 = selected_logits(model, input_ids_BT, attention_mask_BT, positions_BT, keep_BT, cache=cache)
         anchor = 0.0 * scored_N2.sum() if empty else None
-        scored_1N2 = (scored_N2[:0] if empty else scored_N2)[None]
-        lp_1N = scored_1N2[..., 0]
-        ent_1N = None if not with_entropy else scored_1N2[..., 1] if entropy_grad else scored_1N2[..., 1].detach()
-    else:
-        logits_NV = selected_logits(model, input_ids_BT, attention_mask_BT, positions_BT, keep_BT)
-        anchor = 0.0 * logits_NV.float().sum() if empty else None  # zero, with a gradient path
-        logits_1NV = (logits_NV[:0] if empty else logits_NV)[None]
-        lp_1N, ent_1N = logprobs_and_entropy(logits_1NV, tokens_1N, temperature=temperature,
-                                             with_entropy=with_entropy and entropy_grad)
-        if with_entropy and not entropy_grad:
-            with torch.no_grad():
-                ent_1N = entropy_from_logits(logits_1NV, temperature=temperature)
+        scored_N2 = scored_N2[:0] if empty else scored_N2
+        lp_N = scored_N2[:, 0]
+        ent_N = None if not with_entropy else scored_N2[:, 1] if entropy_grad else scored_N2[:, 1].detach()
+        return lp_N, ent_N, anchor
+    logits_NV = selected_logits(model, input_ids_BT, attention_mask_BT, positions_BT, keep_BT, cache=cache)
+    anchor = 0.0 * logits_NV.float().sum() if empty else None  # zero, with a gradient path
+    logits_1NV = (logits_NV[:0] if empty else logits_NV)[None]
+    lp_1N, ent_1N = logprobs_and_entropy(logits_1NV, tokens_N[None], temperature=temperature,
+                                         with_entropy=with_entropy and entropy_grad)
+    if with_entropy and not entropy_grad:
+        with torch.no_grad():
+            ent_1N = entropy_from_logits(logits_1NV, temperature=temperature)
+    return lp_1N[0], ent_1N[0] if ent_1N is not None else None, anchor
+
+
+def _shared_logprobs(model, input_ids_BT, attention_mask_BT, needed_BT, *, temperature, with_entropy,
+                     entropy_grad):
+    """``token_logprobs`` with the rows' common leading tokens run once (``sleuth.train.prefix_share``):
+    the first ``Q`` tokens as one row, its KV cache kept, then every row's tokens from ``Q`` on against
+    that cache repeated over the rows."""
     B, T = input_ids_BT.shape
-    zeros_Bt = torch.zeros(B, T - 1, dtype=lp_1N.dtype, device=lp_1N.device)
-    lp_Bt = zeros_Bt.masked_scatter(needed_BT[:, 1:], lp_1N[0])  # [B, T-1], differentiable in lp_1N
-    ent_Bt = zeros_Bt.masked_scatter(needed_BT[:, 1:], ent_1N[0]) if ent_1N is not None else None
-    if anchor is not None:
-        lp_Bt = lp_Bt + anchor
-        ent_Bt = ent_Bt + anchor if ent_Bt is not None else None
-    return _with_first_column(lp_Bt, ent_Bt)
+    positions_BT = (attention_mask_BT.long().cumsum(-1) - 1).clamp(min=0)
+    needed_BT = attention_mask_BT.bool() if needed_BT is None else needed_BT.bool()
+    Q = shared_split(input_ids_BT, attention_mask_BT)
+    if Q == 0:
+        return _needed_logprobs(model, input_ids_BT, attention_mask_BT, positions_BT, needed_BT,
+                                temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad)
+    inner = _wrapped(model)
+    cache = DynamicCache(config=inner.config)
+    scoring = {"temperature": temperature, "with_entropy": with_entropy, "entropy_grad": entropy_grad, "cache": cache}
+    # 1. the common tokens 0..Q-1, once: their logits score columns 1..Q (common tokens too)
+    keep_1Q = needed_BT[:, 1 : Q + 1].any(dim=0, keepdim=True)
+    if keep_1Q.any():
+        lp_pre_N, ent_pre_N, _ = _score_positions(model, input_ids_BT[:1, :Q], attention_mask_BT[:1, :Q],
+                                                  positions_BT[:1, :Q], keep_1Q, input_ids_BT[0, 1 : Q + 1][keep_1Q[0]],
+                                                  **scoring)
+    else:  # nothing to score there (a prompt): the cache only
+        model(input_ids=input_ids_BT[:1, :Q], attention_mask=attention_mask_BT[:1, :Q],
+              position_ids=positions_BT[:1, :Q], use_cache=True, logits_to_keep=1, **{cache_kwarg(inner): cache})
+        lp_pre_N = ent_pre_N = None
+    cache.batch_repeat_interleave(B)  # differentiable: each row's gradient flows back into the one prefix
+    # 2. every row from column Q on (the mask covers the cached columns too): logits at Q..T-2 score Q+1..T-1
+    keep_BS = torch.zeros(B, T - Q, dtype=torch.bool, device=needed_BT.device)
+    keep_BS[:, :-1] = needed_BT[:, Q + 1 :]
+    lp_N, ent_N, anchor = _score_positions(model, input_ids_BT[:, Q:], attention_mask_BT, positions_BT[:, Q:],
+                                           keep_BS, input_ids_BT[:, Q + 1 :][needed_BT[:, Q + 1 :]], **scoring)
+
+    def assemble(pre_N, suf_N):
+        zeros_1Q = torch.zeros(1, Q, dtype=suf_N.dtype, device=suf_N.device)
+        pre_BQ = (zeros_1Q if pre_N is None else zeros_1Q.masked_scatter(keep_1Q, pre_N)).expand(B, Q)
+        pre_BQ = torch.where(needed_BT[:, 1 : Q + 1], pre_BQ, 0.0)  # a row left out of the loss: 0 there too
+        suf_BS = torch.zeros(B, T - Q - 1, dtype=suf_N.dtype, device=suf_N.device)
+        return torch.cat([pre_BQ, suf_BS.masked_scatter(needed_BT[:, Q + 1 :], suf_N)], dim=1)  # [B, T-1]
+
+    lp_Bt = assemble(lp_pre_N, lp_N)
+    ent_Bt = assemble(ent_pre_N, ent_N) if ent_N is not None else None
+    return _with_first_column(*_anchored(lp_Bt, ent_Bt, anchor))
 
 
 def _with_first_column(lp_Bt: torch.Tensor, ent_Bt: torch.Tensor | None):
@@ -246,18 +320,21 @@ def batched_logprobs(
     temperature: float = 1.0,
     needed_BT: torch.Tensor | None = None,
     packed: bool = False,
+    shared_prefix: bool = False,
 ) -> torch.Tensor:
     """``token_logprobs`` over a whole batch in length buckets (``micro_batch_size`` rows and
     ``max_tokens`` token slots at most), without gradients; [B, T] on the inputs' device. With
     ``needed_BT`` only those columns are computed (the rest hold 0); ``packed``: each bucket's rows
-    run as one row without padding."""
+    run as one row without padding; ``shared_prefix``: buckets of rows with common leading tokens
+    (``sleuth.train.prefix_share.prefix_buckets``), run once."""
 
     def run(take):
         needed = None if needed_BT is None else take(needed_BT)
         return token_logprobs(model, take(input_ids_BT), take(attention_mask_BT), temperature=temperature,
-                              needed_BT=needed, packed=packed)[0]
+                              needed_BT=needed, packed=packed, shared_prefix=shared_prefix)[0]
 
-    return _over_buckets(run, model, attention_mask_BT, micro_batch_size, max_tokens, packed)
+    buckets = prefix_buckets(input_ids_BT, attention_mask_BT, micro_batch_size, max_tokens) if shared_prefix else None
+    return _over_buckets(run, model, attention_mask_BT, micro_batch_size, max_tokens, packed, buckets)
 
 
 def critic_values(critic, input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor, *,
@@ -281,14 +358,15 @@ def batched_values(critic, input_ids_BT: torch.Tensor, attention_mask_BT: torch.
 
 
 def _over_buckets(run, model, attention_mask_BT, micro_batch_size: int, max_tokens: int | None,
-                  packed: bool = False) -> torch.Tensor:
+                  packed: bool = False, buckets: list[list[int]] | None = None) -> torch.Tensor:
     """[B, T] float32 on the inputs' device: ``run(take)`` per length bucket, where ``take(t_BT)``
     gives the bucket's rows of ``t_BT`` trimmed to their longest row, on the model's device; 0 past
-    each row's length (whatever the bucket's other rows, packed or not)."""
+    each row's length (whatever the bucket's other rows, packed or not). ``buckets``: these instead of
+    :func:`length_buckets`."""
     lengths_B = attention_mask_BT.sum(-1).tolist()
     out_BT = torch.zeros(attention_mask_BT.shape, dtype=torch.float32, device=attention_mask_BT.device)
     device = next(model.parameters()).device
-    for rows in length_buckets(lengths_B, micro_batch_size, max_tokens, packed=packed):
+    for rows in buckets or length_buckets(lengths_B, micro_batch_size, max_tokens, packed=packed):
         L = max(lengths_B[i] for i in rows)
         idx = torch.tensor(rows, device=attention_mask_BT.device)
         out_BT[idx, :L] = run(lambda t_BT: t_BT[idx, :L].to(device)).float().to(out_BT.device)

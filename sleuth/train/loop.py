@@ -32,6 +32,7 @@ from sleuth.eval.metrics import EvalPerf, EvalSummary, summarize
 from sleuth.models import compute_autocast
 from sleuth.reward.trajectory import assign_rewards, reward_metrics
 from sleuth.rollout.batching import trajectories_to_batch
+from sleuth.rollout.hf_cache import supports_reuse
 from sleuth.rollout.hf_static import hf_backend
 from sleuth.rollout.loop import run_rollouts
 from sleuth.train import distributed as par
@@ -43,6 +44,7 @@ from sleuth.train.forward import batched_logprobs, batched_values, length_bucket
 from sleuth.train.logging import MetricsLogger, truncate_logs
 from sleuth.train.memory_plan import check_memory
 from sleuth.train.offload import on_device
+from sleuth.train.prefix_share import computed_share, prefix_buckets
 from sleuth.train.rundir import check_run_dir, warn_changed_settings, write_run_config
 from sleuth.train.sampler import CollapseWatch, QuestionSampler
 from sleuth.train.state import (
@@ -72,6 +74,7 @@ class Trainer:
         self.state = build_state(cfg, self.ctx, sharded)  # policy, reference, critic, optimizers
         self.policy, self.tokenizer, self.optimizer = self.state.policy, self.state.tokenizer, self.state.optimizer
         self.packed = self._packing()
+        self.shared = self._sharing()
         self.fmt, self.retriever, self.reward_fn = build_format(cfg), build_retriever(cfg), build_reward(cfg)
         self.sampler = QuestionSampler(train_questions(cfg), seed=cfg.train.seed, shuffle=cfg.data.shuffle)
         if len(self.sampler.questions) < cfg.train.questions_per_step:
@@ -107,6 +110,18 @@ class Trainer:
             print(f"warning: train.remove_padding is set but {getattr(config, 'model_type', type(self.policy).__name__)!r}"
                   f" with attention {getattr(config, '_attn_implementation', None)!r} cannot run packed rows "
                   "(sleuth.train.forward.supports_packing); the micro-batches run padded", flush=True)
+        return False
+
+    def _sharing(self) -> bool:
+        """``train.share_prefix`` where the model's KV cache is plain full attention (else a warning: the
+        micro-batches run whole)."""
+        if not self.cfg.train.share_prefix:  # settings it cannot run with: refused before loading (state.py)
+            return False
+        if supports_reuse(self.policy):
+            return True
+        if self.ctx.is_main:
+            print(f"warning: train.share_prefix is set but {type(self.policy).__name__}'s KV cache is not plain "
+                  "full attention (sleuth.rollout.hf_cache.supports_reuse); the micro-batches run whole", flush=True)
         return False
 
     def compute(self):
@@ -203,7 +218,8 @@ class Trainer:
                 old = rb.old_logprobs_BT.to(device)  # the same quantity: one no-grad forward saved
             else:
                 old = batched_logprobs(self.policy, ids, att, micro_batch_size=mbs[0], max_tokens=mbs[1],
-                                       temperature=temp, needed_BT=mask, packed=self.packed)
+                                       temperature=temp, needed_BT=mask, packed=self.packed,
+                                       shared_prefix=self.shared)
         group_ids, mask = self._leave_out_failed_searches(trajs, rb.group_ids, mask, metrics)
         rewards = assign_rewards(trajs, self.reward_fn)  # each trajectory's reward, also kept in t.reward
         metrics.update(reward_metrics(trajs, rewards))
@@ -229,7 +245,7 @@ class Trainer:
                 scheduler=self.state.scheduler, seed=tc.seed * 1_000_003 + self.step, critic=self.state.critic_model,
                 critic_optimizer=self.state.critic_opt, critic_scheduler=self.state.critic_scheduler,
                 norm_len=cfg.rollout.max_context_tokens, train_policy=not 0 < self.step <= tc.critic_warmup_steps,
-                packed=self.packed,
+                packed=self.packed, shared_prefix=self.shared,
             ))
         if self.vllm is not None:  # the next rollout samples from the updated weights
             t_sync = time.perf_counter()
@@ -238,8 +254,9 @@ class Trainer:
         lengths = rb.lengths_B.tolist()
         total = time.perf_counter() - t0
         metrics.update({
-            "perf/padding_share": padding_share(lengths, length_buckets(lengths, *mbs, packed=self.packed),
-                                                packed=self.packed),
+            **({"perf/computed_token_share": computed_share(ids, att, prefix_buckets(ids, att, *mbs))} if self.shared
+               else {"perf/padding_share": padding_share(lengths, length_buckets(lengths, *mbs, packed=self.packed),
+                                                         packed=self.packed)}),
             "perf/trained_token_share": float(mask.sum() / att.sum()),
             "perf/step_s": total,
             "perf/train_s": total - t_rollout,
@@ -275,10 +292,11 @@ class Trainer:
             with on_device(self.state.ref, self.state.compute_device, offloaded=self.state.ref_offloaded), \
                     par.gathered(self.state.ref):
                 return batched_logprobs(self.state.ref, ids, att, micro_batch_size=mbs[0], max_tokens=mbs[1],
-                                        temperature=temp, needed_BT=mask, packed=self.packed)
+                                        temperature=temp, needed_BT=mask, packed=self.packed,
+                                        shared_prefix=self.shared)
         with self.policy.disable_adapter():
             return batched_logprobs(self.policy, ids, att, micro_batch_size=mbs[0], max_tokens=mbs[1],
-                                    temperature=temp, needed_BT=mask, packed=self.packed)
+                                    temperature=temp, needed_BT=mask, packed=self.packed, shared_prefix=self.shared)
 
     def evaluate(self, *, no_search: bool = False) -> dict:
         """Greedy, one sample per question, the same rollout code (``sleuth.eval.evaluate``);

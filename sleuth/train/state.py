@@ -82,6 +82,13 @@ def check_parallel_settings(cfg: Config, ctx: DistContext) -> bool:
         raise ValueError(f"train.questions_per_step={tc.questions_per_step} must be divisible by the "
                          f"{ctx.world_size} ranks")
     par.check_parallel(tc.parallel)
+    if tc.share_prefix:
+        clash = [name for name, on in (("train.remove_padding", tc.remove_padding),
+                                       ("train.grad_checkpointing", tc.grad_checkpointing),
+                                       (f"torchrun ({ctx.world_size} ranks)", ctx.world_size > 1)) if on]
+        if clash:
+            raise ValueError(f"train.share_prefix cannot run with {' and '.join(clash)}: it keeps the common "
+                             "prefix's KV cache for the rows of one process; set train.share_prefix=false")
     sharded = ctx.enabled and tc.parallel == "fsdp"
     if sharded and cfg.model.lora_rank > 0:
         raise ValueError("train.parallel=fsdp does not support LoRA (model.lora_rank > 0); "

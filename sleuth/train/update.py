@@ -43,6 +43,7 @@ from sleuth.algo.losses import (
 )
 from sleuth.config import AlgoConfig
 from sleuth.train.forward import critic_values, length_buckets, token_logprobs
+from sleuth.train.prefix_share import prefix_buckets
 from sleuth.train.reduce import all_max, all_ranks_true, all_sum, global_whiten, world_info
 
 
@@ -99,7 +100,7 @@ def compute_advantages(
 
 
 def _micro_loss(policy, b: UpdateBatch, rows: list[int], algo: AlgoConfig, denom: float, temperature: float,
-                norm_len: float | None, packed: bool = False):
+                norm_len: float | None, packed: bool = False, shared_prefix: bool = False):
     """Loss of one micro-batch (already divided by the mini-batch denominator) and its stats."""
     lengths = b.attention_mask_BT[rows].sum(-1)
     L = int(lengths.max())
@@ -115,7 +116,7 @@ def _micro_loss(policy, b: UpdateBatch, rows: list[int], algo: AlgoConfig, denom
         policy, take(b.input_ids_BT), take(b.attention_mask_BT), temperature=temperature, with_entropy=True,
         entropy_grad=need_entropy,  # a metric only at coefficient 0: no graph (no [B, T, V] softmax kept)
         needed_BT=mask_BT,  # the output layer at trained positions only
-        packed=packed,
+        packed=packed, shared_prefix=shared_prefix,
     )
     old_BT = take(b.old_logprobs_BT)
     tis_BT = None
@@ -183,10 +184,13 @@ def policy_update(
     critic_scheduler=None,
     train_policy: bool = True,
     packed: bool = False,
+    shared_prefix: bool = False,
 ) -> dict[str, float]:
     """Optimise ``policy`` (and ``critic``) on ``batch``; returns averaged ``algo/`` metrics. Micro-batches
     hold at most ``micro_batch_size`` rows and ``max_tokens`` token slots (``length_buckets``); ``packed``:
-    each runs as one row without padding (``sleuth.train.forward.pack``), its budget counting real tokens.
+    each runs as one row without padding (``sleuth.train.forward.pack``), its budget counting real tokens;
+    ``shared_prefix``: micro-batches of rows with common leading tokens, run once
+    (``sleuth.train.prefix_share``), the budget counting computed token slots.
     ``train_policy=False`` (the critic's warm-up): the critic alone is trained; the policy runs no
     forward, its optimizer and scheduler do not step."""
     B = batch.input_ids_BT.shape[0]
@@ -215,7 +219,11 @@ def policy_update(
             if critic_optimizer is not None:
                 critic_optimizer.zero_grad(set_to_none=True)
             finite, mb_loss, mb_value_loss = True, 0.0, 0.0
-            buckets = length_buckets([lengths[i] for i in mb_rows], micro_batch_size, max_tokens, packed=packed)
+            if shared_prefix:
+                buckets = prefix_buckets(batch.input_ids_BT[mb_rows], batch.attention_mask_BT[mb_rows], micro_batch_size,
+                                         max_tokens)
+            else:
+                buckets = length_buckets([lengths[i] for i in mb_rows], micro_batch_size, max_tokens, packed=packed)
             # every rank runs as many forward/backward passes as the rank with the most micro-batches (a token
             # budget splits ranks' rows differently): DDP and FSDP collectives must pair up. Extra passes
             # run one row at weight 0 and count for nothing.
@@ -226,7 +234,7 @@ def policy_update(
                 rows = [mb_rows[0]] if idle else [mb_rows[i] for i in local]
                 if train_policy:
                     loss, metrics, n_tokens = _micro_loss(policy, batch, rows, algo, max(denom, 1.0), temperature,
-                                                          norm_len, packed)
+                                                          norm_len, packed, shared_prefix)
                 else:
                     loss, metrics, n_tokens = torch.zeros((), device=device), {}, 0
                 if critic is not None:

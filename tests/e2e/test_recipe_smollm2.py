@@ -3,6 +3,7 @@ runs (base, SFT and SFT+RL evaluations with and without search, ``sleuth sft``, 
 run) and ``summary.md`` holds the table, the curves and the trajectories. The real recipe's figures
 are in docs/results.md; this only keeps the recipe working."""
 
+import json
 import os
 import subprocess
 import sys
@@ -48,6 +49,9 @@ def test_the_recipe_trains_sft_then_grpo_on_a_handful_of_questions(tmp_path):
     assert [line.split("\t")[0] for line in (out / "times.tsv").read_text().splitlines()] == ["sft", "grpo"]
     assert (out / "sft" / "transcripts.jsonl").is_file() and (out / "rl" / "checkpoints" / "latest").is_file()
     assert f"name_or_path: {out / 'sft'}" in (out / "rl" / "config.yaml").read_text()
+    steps = [json.loads(line) for line in (out / "rl" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in steps if "perf/step_s" in r]  # the config's train.share_prefix: a group's prompt runs once
+    assert steps and all(0 < r["perf/computed_token_share"] < 1 for r in steps)
 
 
 def _eval_dir(path: Path, rows: list[dict]) -> None:

@@ -141,6 +141,27 @@ def test_a_packed_run_logs_what_the_padded_run_logs(world, tmp_path):
         assert packed[k] == pytest.approx(padded[k], rel=1e-5, abs=1e-6), k
 
 
+def test_a_shared_prefix_run_logs_what_the_whole_rows_run_logs(world, tmp_path, capsys):
+    """train.share_prefix: the reference and update passes run each micro-batch's common leading tokens
+    once; the first step's figures equal the plain run's, float rounding apart, and fewer token slots
+    are computed than the rows hold. Settings it cannot run with are refused by name."""
+    runs = {}
+    for shared in (False, True):
+        out = tmp_path / f"shared_{shared}"
+        extra = ["train.eval_every=0", "train.eval_limit=1", "train.lr=0.1", "train.micro_batch_size=4",
+                 f"train.share_prefix={str(shared).lower()}"]
+        assert main(_args(world, out, 1, extra)) == 0
+        runs[shared] = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    whole, shared = runs[False], runs[True]
+    assert "perf/padding_share" in whole and 0 < shared["perf/computed_token_share"] < 1
+    for k in ("algo/loss", "algo/kl", "algo/entropy", "algo/ratio_max", "algo/grad_norm", "reward/mean"):
+        assert shared[k] == pytest.approx(whole[k], rel=1e-5, abs=1e-6), k
+    capsys.readouterr()
+    assert main(_args(world, tmp_path / "clash", 1, ["train.share_prefix=true", "train.remove_padding=true"])) != 0
+    err = capsys.readouterr().err
+    assert "train.share_prefix cannot run with train.remove_padding" in err and "Loading weights" not in err
+
+
 def test_offload_options_change_no_figure(world, tmp_path):
     """train.offload_optimizer / offload_reference (no-ops for memory on a CPU): the hooks and the
     checkpoint path run, and every figure equals the plain run's, bit for bit."""
