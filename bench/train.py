@@ -29,7 +29,8 @@ With ``--group-size G`` the rows come in GRPO groups (a common prompt; all but `
 group also share the first turn and its observation, as when the samples search with the same query)
 and each 'after' update is also timed with shared prefixes (``train.share_prefix``):
 ``speedup_after_shared`` (and ``speedup_after_bf16_shared``) against the same update on whole rows, with
-the loss and weight differences between the two.
+the loss and weight differences between the two and ``relative_step_diff_*``: how far the two AdamW steps
+differ, over all weights, relative to the step (``relative_step_diff_after_after_bf16``: bf16's own).
 """
 
 from __future__ import annotations
@@ -190,7 +191,8 @@ def smollm2_step(args) -> dict:
     if args.bf16:
         out.update({"after_bf16_s": min(times["after_bf16"]), "after_bf16_all_s": times["after_bf16"],
                     "speedup_bf16": t_before / min(times["after_bf16"]),
-                    "max_weight_diff_before_after_bf16": max_diff(models["before"], models["after_bf16"])})
+                    "max_weight_diff_before_after_bf16": max_diff(models["before"], models["after_bf16"]),
+                    "relative_step_diff_after_after_bf16": relative_step_diff(models["after"], models["after_bf16"])})
     if args.group_size:
         out.update({"group_size": args.group_size, "queries_per_group": args.queries,
                     "computed_token_share": computed_share(ids, att, prefix_buckets(ids, att, mbs))})
