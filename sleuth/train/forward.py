@@ -169,6 +169,9 @@ def token_logprobs(
     the leading tokens common to all rows run once (``sleuth.train.prefix_share``; the same values, to
     float rounding, for a model whose KV cache is plain full attention).
     """
+    if shared_prefix and packed:
+        raise ValueError("token_logprobs: shared_prefix and packed cannot both be set (train.share_prefix and "
+                         "train.remove_padding): choose one")
     if shared_prefix:
         return _shared_logprobs(model, input_ids_BT, attention_mask_BT, needed_BT, temperature=temperature,
                                 with_entropy=with_entropy, entropy_grad=entropy_grad)

@@ -76,7 +76,7 @@ def prefix_buckets(input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor, 
     n = len(order)
     next_common = [_common(seqs[order[k]], seqs[order[k + 1]]) for k in range(n - 1)]
     # best[j]: (slots, micro-batches) of the best cut of the first j rows; cut[j]: where its last run starts
-    best: list[tuple[int, int]] = [(0, 0)] + [(0, 0)] * n
+    best: list[tuple[int, int]] = [(0, 0)] * (n + 1)
     cut = [0] * (n + 1)
     for j in range(1, n + 1):
         common, longest, options = lengths[order[j - 1]], 0, []

@@ -193,6 +193,13 @@ def test_shared_logprobs_and_gradients_equal_the_whole_rows(kind, chunked, monke
             assert not results[2][0][~r_need.bool()].any()
 
 
+def test_shared_and_packed_together_are_refused():
+    tok = tiny_tokenizer()
+    ids, att, mask = _group_batch(tok)
+    with pytest.raises(ValueError, match="shared_prefix and packed cannot both be set"):
+        token_logprobs(_model("llama", tok), ids[:4], att[:4], needed_BT=mask[:4], packed=True, shared_prefix=True)
+
+
 def test_identical_rows_share_all_but_their_last_token():
     tok = tiny_tokenizer()
     ids, att, mask = _group_batch(tok)
