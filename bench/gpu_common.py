@@ -139,3 +139,39 @@ def report(result: dict, as_json: bool) -> None:
             else:
                 print(f"{k:>34}: {fmt(v)}")
     print(json.dumps(result), flush=True)
+
+
+# SmolLM2-135M's architecture (a Llama): the GPU check's random-weight stand-in when the GGUF did not
+# reach the machine, and the shape its tiny dry-run copies.
+def smollm2_config(tiny: bool = False):
+    from transformers import LlamaConfig
+
+    if tiny:
+        return LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, vocab_size=512, tie_word_embeddings=True,
+                           max_position_embeddings=2048, bos_token_id=None, eos_token_id=None)
+    return LlamaConfig(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                       num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True,
+                       max_position_embeddings=8192, rope_theta=100000.0, rms_norm_eps=1e-5,
+                       bos_token_id=None, eos_token_id=None)
+
+
+def add_model_arg(ap, default: str = "random-smollm2") -> None:
+    ap.add_argument("--model", default=default,
+                    help="a .gguf file / model directory / hub name (real weights, loaded by Sleuth's "
+                         "load_policy), random-smollm2 (SmolLM2-135M's shape, random weights), or "
+                         "random-qwen2 (Qwen2.5-0.5B's shape); --tiny shrinks the random ones")
+
+
+def load_bench_model(spec: str, device: torch.device, tiny: bool = False, seed: int = 0):
+    """``(model, tokenizer or None, label)``: float32 parameters on ``device`` (Sleuth's master
+    weights; compute dtype comes from autocast). ``random-smollm2`` / ``random-qwen2`` build the
+    architecture with random weights (no tokenizer), anything else goes through
+    :func:`sleuth.models.load_policy` as a training run would."""
+    if spec in ("random-smollm2", "random-qwen2"):
+        config = smollm2_config(tiny) if spec == "random-smollm2" else qwen2_config(tiny)
+        return build_model(config, device, torch.float32, seed=seed), None, spec + ("-tiny" if tiny else "")
+    from sleuth.models import load_policy
+
+    model, tokenizer = load_policy(spec, dtype="float32", device=str(device))
+    return model, tokenizer, spec

@@ -1,33 +1,56 @@
-"""Rollout decode tokens/s of a ~0.5B Qwen2 (random weights) against the memory-bandwidth limit.
+"""Rollout decode tokens/s against the memory-bandwidth floor, in bf16 or in training's configuration.
 
-    python bench/gpu_decode.py [--json] [--device auto] [--batch-sizes 1,32,128] [--prompt-len 128]
-                               [--new-tokens 128] [--bandwidth TB/s] [--no-vllm] [--tiny]
+    python bench/gpu_decode.py [--json] [--device auto] [--model random-qwen2] [--autocast]
+                               [--engines hf,hf_static,generate,vllm] [--batch-sizes 1,32,128]
+                               [--prompt-len 128] [--new-tokens 128] [--bandwidth TB/s] [--static-cache]
+                               [--churn N] [--compiled-fixed B] [--compile-backend inductor] [--tiny]
 
-For each batch size B, every engine generates ``--new-tokens`` tokens per row after a
-``--prompt-len``-token random prompt, sampling at temperature 1 with a seed per row (as training
-rollouts do) and no eos, so every row decodes the same number of tokens. Decode time is the time
-of that call minus the time of the same call with one new token (the prefill), so
-``decode_tokens_per_s = B · (new_tokens - 1) / (t_n - t_1)``. Engines:
+``--model``: ``random-qwen2`` (default: Qwen2.5-0.5B's shape, random weights, the figures measured so
+far), ``random-smollm2`` (SmolLM2-135M's shape) or a .gguf / model path (``gpu_common.load_bench_model``).
+Precision: by default the parameters are cast to ``--dtype`` (bf16) and no autocast runs; with
+``--autocast`` the parameters stay float32 and every call runs under
+``sleuth.models.compute_autocast(--dtype, device)``, as a training rollout does (float32 master
+weights, bf16 matmuls, keys promoted to float32 by the rotary embedding, values bf16).
 
-* ``hf``: Sleuth's rollout backend (``sleuth.rollout.hf_backend.HFBackend``: our decode loop,
-  KV cache, per-row generators);
-* ``hf_static``: ``rollout.backend: hf_static`` (static KV cache, device sampling, a host sync
-  every 8 tokens on CUDA); with ``--static-cache`` also ``hf_static_compiled`` (its decode step
-  through ``torch.compile``, CUDA graphs on a GPU);
-* ``generate``: ``model.generate`` at the same settings (the baseline measured in the same run);
-  with ``--static-cache`` also ``generate_static``: a static KV cache, decoded by a compiled forward;
-* ``vllm``: ``vllm.LLM`` with ``load_format="dummy"`` when vllm imports (reported otherwise).
+For each batch size B, every engine of ``--engines`` generates ``--new-tokens`` tokens per row after
+a ``--prompt-len``-token random prompt, sampling at temperature 1 with a seed per row (as training
+rollouts do) and no eos, so every row decodes the same number of tokens. A decode step's time is that
+call's time minus the same call's with one new token (the prefill), over ``new_tokens - 1``:
+``{engine}_ms_per_step``, and ``{engine}_tokens_per_s = B / step time``. Engines:
 
-Limit: one decode step reads every weight once, so at most ``B · bandwidth / weight_bytes``
-tokens/s (H100 SXM 3.35 TB/s, H200 4.8 TB/s; ``--bandwidth`` to override);
-``bandwidth_fraction`` is the measured rate over that limit (goal, issue #8: >= 0.5).
-``limit_incl_kv`` also counts the KV cache read per step at the mean context length.
+* ``hf``: Sleuth's rollout backend (``HFBackend``); ``hf_static``: ``rollout.backend: hf_static``
+  (static KV cache, device sampling), eager; with ``--static-cache`` also ``hf_static_compiled``;
+* ``generate``: ``model.generate`` at the same settings (with ``--static-cache`` also
+  ``generate_static``, transformers' compiled static-cache decode: minutes of compiling);
+* ``vllm``: ``vllm.LLM`` with ``load_format="dummy"`` when vllm imports and the device is CUDA.
+
+The floor: a decode step reads every weight once, so at most ``B · bandwidth / weight_bytes``
+tokens/s (``limit_tokens_per_s``; H100 SXM 3.35 TB/s, ``--bandwidth`` to override), and
+``{engine}_bandwidth_fraction`` is the measured rate over it. Which bytes ``weight_bytes`` counts:
+
+* without ``--autocast``: the parameters' bytes (bf16: 2 per parameter);
+* with ``--autocast``: what an eager step reads when autocast's cache holds the casts (measured:
+  ``autocast_weight_casts_per_step`` is 0 when it does): the bf16 copy of every weight autocast casts
+  (2 bytes per parameter; matmul weights and the tied output layer) plus the float32 bytes of the
+  others (norms). ``weight_bytes_recast`` counts a step that casts every weight again (what a
+  compiled step does, dynamo turns the autocast cache off, or eager without the cache): float32
+  read + bf16 written + bf16 read; ``limit_recast_tokens_per_s`` and
+  ``{engine}_bandwidth_fraction_recast`` are the figures against it.
+
+``limit_incl_kv_tokens_per_s`` also counts the KV cache read per step at the mean context length
+(``kv_bytes_per_token`` measured from a real cache: float32 keys under autocast). ``--churn N`` and
+``--compiled-fixed B``: the compiled hf_static step (``bench/gpu_decode_compile.py``). Every figure
+is measured in its own try block: a failure (out of memory, a compile error) is recorded as
+``{engine}_error`` and named in ``failed`` (exit status 1 then, after the full summary); the rest goes
+on. After each phase a partial summary (``"partial": true``) goes to stderr, so a run killed by a
+timeout still leaves its figures.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
+import contextlib
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -40,40 +63,34 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from gpu_common import (  # noqa: E402
-    add_common_args,
-    build_model,
-    device_spec,
-    free_memory,
-    qwen2_config,
-    report,
-    resolve_device,
-    timed,
-    weight_bytes,
-)
+    add_common_args, add_model_arg, device_spec, free_memory, load_bench_model, report, resolve_device, timed)
+from gpu_decode_compile import churn_probe, compiled_fixed, compiled_static, error_text  # noqa: E402
+from gpu_decode_traffic import step_bytes  # noqa: E402
 
+from sleuth.models import compute_autocast  # noqa: E402
 from sleuth.rollout.backends import SamplingParams  # noqa: E402
 from sleuth.rollout.hf_backend import HFBackend  # noqa: E402
 from sleuth.rollout.hf_static import StaticHFBackend  # noqa: E402
 
 BANDWIDTH_GOAL = 0.5
+ENGINES = ("hf", "hf_static", "generate", "vllm")
 
 
-def decode_rate(run, device, batch: int, new_tokens: int, repeats: int) -> float:
-    """``B · (n - 1) / (t_n - t_1)`` where ``run(n)`` generates n tokens per row."""
+def decode_step_s(run, device, new_tokens: int, repeats: int, tries: int = 4) -> float:
+    """Seconds per decode step, ``(t_n - t_1) / (n - 1)`` where ``run(n)`` generates n tokens per row
+    (best of ``repeats`` calls each). Measured again, up to ``tries`` times, while noise makes
+    ``t_n <= t_1`` (tiny shapes on a busy CPU); then it fails rather than report a meaningless rate."""
     run(1)  # warm-up: kernels, allocator, and (static cache) one compilation per shape
     run(new_tokens)
-    t_n = timed(lambda: run(new_tokens), device, repeats)
-    t_1 = timed(lambda: run(1), device, repeats)
-    return batch * (new_tokens - 1) / max(t_n - t_1, 1e-9)
+    for _ in range(tries):
+        t_n = timed(lambda: run(new_tokens), device, repeats)
+        t_1 = timed(lambda: run(1), device, repeats)
+        if t_n > t_1:
+            return (t_n - t_1) / (new_tokens - 1)
+    raise RuntimeError(f"decode time not measurable: {new_tokens} tokens took {t_n:.4g} s, 1 token {t_1:.4g} s")
 
 
-def hf_runner(model, prompts, static: bool = False, compile: bool = False):
-    """Our HF backend (``static``: ``hf_static``, its decode step compiled with ``compile``, CUDA graphs on a GPU)."""
-    tok = SimpleNamespace(pad_token_id=0)
-    if static:
-        backend = StaticHFBackend(model, tok, eos_token_ids=[], compile=compile)  # CUDA graphs on a GPU
-    else:
-        backend = HFBackend(model, tok, eos_token_ids=[])
+def backend_runner(backend, prompts):
     seeds = list(range(len(prompts)))
 
     def run(n):
@@ -83,10 +100,10 @@ def hf_runner(model, prompts, static: bool = False, compile: bool = False):
     return run
 
 
-def generate_runner(model, prompts, device, static: bool = False):
+def generate_runner(model, prompts, static: bool = False):
     """``model.generate`` at the same settings; ``static``: a static KV cache, which transformers
     decodes with a compiled forward (CUDA graphs on GPU)."""
-    ids_BT = torch.tensor(prompts, device=device)
+    ids_BT = torch.tensor(prompts, device=next(model.parameters()).device)
     att_BT = torch.ones_like(ids_BT)
     extra = {"cache_implementation": "static"} if static else {}
 
@@ -97,53 +114,69 @@ def generate_runner(model, prompts, device, static: bool = False):
     return run
 
 
-def measure_rows(model, prompts_by_b, spec, args) -> list[dict]:
-    """One row of rates per batch size: our HF backend, the generate baselines, the limits."""
-    device = next(model.parameters()).device
-    wbytes, cfg = weight_bytes(model), model.config
-    kv_per_token = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * (cfg.hidden_size // cfg.num_attention_heads)
-    kv_per_token *= model.dtype.itemsize
-    mean_ctx = args.prompt_len + args.new_tokens / 2
+def row_runners(args) -> dict:
+    """``{engine: make(model, prompts) -> run}`` for the per-batch rows (vLLM runs apart)."""
+    tok = SimpleNamespace(pad_token_id=0)
+    makers = {
+        "hf": lambda m, p: backend_runner(HFBackend(m, tok, eos_token_ids=[]), p),
+        "hf_static": lambda m, p: backend_runner(StaticHFBackend(m, tok, eos_token_ids=[]), p),
+        "generate": lambda m, p: generate_runner(m, p),
+    }
+    if args.static_cache:
+        makers["hf_static_compiled"] = lambda m, p: backend_runner(compiled_static(m, args.compile_backend), p)
+        makers["generate_static"] = lambda m, p: generate_runner(m, p, static=True)
+    base = {"hf_static_compiled": "hf_static", "generate_static": "generate"}
+    return {e: f for e, f in makers.items() if base.get(e, e) in args.engines}
+
+
+def add_limits(row: dict, bw_tbs: float | None, traffic: dict, mean_ctx: float) -> None:
+    """The bandwidth floors of a row and every engine's share of them (see the module docstring)."""
+    if not bw_tbs:
+        return
+    b, bw = row["batch"], bw_tbs * 1e12
+    row["limit_tokens_per_s"] = b * bw / traffic["weight_bytes"]
+    if traffic.get("kv_bytes_per_token"):
+        row["limit_incl_kv_tokens_per_s"] = b * bw / (traffic["weight_bytes"] + b * mean_ctx
+                                                      * traffic["kv_bytes_per_token"])
+    if traffic.get("weight_bytes_recast"):
+        row["limit_recast_tokens_per_s"] = b * bw / traffic["weight_bytes_recast"]
+    for key in [k for k in row if k.endswith("_tokens_per_s") and not k.startswith("limit")]:
+        engine = key[: -len("_tokens_per_s")]
+        row[f"{engine}_bandwidth_fraction"] = row[key] / row["limit_tokens_per_s"]
+        if "limit_recast_tokens_per_s" in row:
+            row[f"{engine}_bandwidth_fraction_recast"] = row[key] / row["limit_recast_tokens_per_s"]
+
+
+def measure_rows(model, prompts_by_b, args, ctx, failed: list) -> list[dict]:
+    """One row per batch size: each engine's rate and step time, in its own try block."""
+    device, runners = next(model.parameters()).device, row_runners(args)
     rows = []
-    for b, prompts in prompts_by_b.items():
+    for b, prompts in prompts_by_b.items() if runners else ():
         row = {"batch": b}
-        rate = functools.partial(decode_rate, device=device, batch=b, new_tokens=args.new_tokens,
-                                 repeats=args.repeats)
-        with torch.no_grad():
-            row["hf_tokens_per_s"] = rate(hf_runner(model, prompts))
-            row["hf_static_tokens_per_s"] = rate(hf_runner(model, prompts, static=True))
-            row["hf_static_vs_hf"] = row["hf_static_tokens_per_s"] / row["hf_tokens_per_s"]
-            if not args.no_generate:
-                row["generate_tokens_per_s"] = rate(generate_runner(model, prompts, device))
-                row["hf_vs_generate"] = row["hf_tokens_per_s"] / row["generate_tokens_per_s"]
-            if args.static_cache:
-                try:
-                    row["hf_static_compiled_tokens_per_s"] = rate(hf_runner(model, prompts, static=True, compile=True))
-                except Exception as e:  # compilation problems are reported, not fatal
-                    row["hf_static_compiled_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-                try:
-                    row["generate_static_tokens_per_s"] = rate(generate_runner(model, prompts, device, static=True))
-                except Exception as e:  # compilation problems are reported, not fatal
-                    row["generate_static_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
-        bw = spec["bandwidth_tbs"]
-        if bw:
-            row["limit_tokens_per_s"] = b * bw * 1e12 / wbytes
-            row["limit_incl_kv_tokens_per_s"] = b * bw * 1e12 / (wbytes + b * mean_ctx * kv_per_token)
-            for engine in ("hf", "hf_static", "hf_static_compiled", "generate_static"):
-                if f"{engine}_tokens_per_s" in row:
-                    row[f"{engine}_bandwidth_fraction"] = row[f"{engine}_tokens_per_s"] / row["limit_tokens_per_s"]
+        for engine, make in runners.items():
+            try:
+                with ctx(), torch.no_grad():
+                    step_s = decode_step_s(make(model, prompts), device, args.new_tokens, args.repeats)
+                row[f"{engine}_tokens_per_s"], row[f"{engine}_ms_per_step"] = b / step_s, 1e3 * step_s
+            except Exception as e:  # out of memory, a compile error: recorded, the others go on
+                row[f"{engine}_error"] = error_text(e)
+                failed.append(f"{engine}@{b}")
+                free_memory(device)
+        for a, ref in (("hf_static", "hf"), ("hf", "generate")):
+            if f"{a}_tokens_per_s" in row and f"{ref}_tokens_per_s" in row:
+                row[f"{a}_vs_{ref}"] = row[f"{a}_tokens_per_s"] / row[f"{ref}_tokens_per_s"]
         rows.append(row)
     return rows
 
 
-def vllm_rates(config, dtype: str, prompts_by_b, args) -> dict:
+def vllm_rates(config, arch: str, dtype: str, prompts_by_b, args) -> dict:
     """Decode tokens/s per batch size with an in-process vLLM engine, or why it could not run."""
     try:
         import vllm
     except Exception as e:  # ImportError, or a CUDA-less build failing at import
         return {"error": f"vllm not importable: {e}"}
     with tempfile.TemporaryDirectory() as tmp:
-        config.architectures = ["Qwen2ForCausalLM"]  # vLLM picks its model class from this field
+        config.architectures = [arch]  # vLLM picks its model class from this field
         config.save_pretrained(tmp)
         llm = vllm.LLM(model=tmp, load_format="dummy", skip_tokenizer_init=True, dtype=dtype, seed=0,
                        max_model_len=args.prompt_len + args.new_tokens + 8,
@@ -155,67 +188,129 @@ def vllm_rates(config, dtype: str, prompts_by_b, args) -> dict:
                                               seed=i) for i in range(len(prompts))]
                 llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
 
-            out[b] = decode_rate(run, torch.device("cuda"), b, args.new_tokens, args.repeats)
+            out[b] = b / decode_step_s(run, torch.device("cuda"), args.new_tokens, args.repeats)
     return out
 
 
-def merge_vllm(rows: list[dict], rates: dict) -> None:
-    for row in rows:
-        if row["batch"] in rates:
-            row["vllm_tokens_per_s"] = rates[row["batch"]]
-            row["vllm_vs_hf"] = row["vllm_tokens_per_s"] / row["hf_tokens_per_s"]
-            if "limit_tokens_per_s" in row:
-                row["vllm_bandwidth_fraction"] = row["vllm_tokens_per_s"] / row["limit_tokens_per_s"]
+def parse_args(argv):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_common_args(ap)
+    add_model_arg(ap, default="random-qwen2")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"],
+                    help="parameter dtype, or with --autocast the autocast (compute) dtype")
+    ap.add_argument("--autocast", action="store_true",
+                    help="float32 parameters decoded under compute_autocast(--dtype): training's rollout")
+    ap.add_argument("--engines", default=",".join(ENGINES), help=f"comma list of {', '.join(ENGINES)} (or none)")
+    ap.add_argument("--batch-sizes", default=None, help="comma list (default 1,32,128; --tiny 1,4)")
+    ap.add_argument("--prompt-len", type=int, default=None, help="default 128 (--tiny 8)")
+    ap.add_argument("--new-tokens", type=int, default=None, help="default 128 (--tiny 6)")
+    ap.add_argument("--repeats", type=int, default=None, help="timed calls per figure, best kept (2; --tiny 1)")
+    ap.add_argument("--bandwidth", type=float, default=None, help="memory bandwidth in TB/s (overrides the table)")
+    ap.add_argument("--no-generate", action="store_true", help="same as leaving generate out of --engines")
+    ap.add_argument("--no-vllm", action="store_true", help="same as leaving vllm out of --engines")
+    ap.add_argument("--static-cache", action="store_true",
+                    help="also hf_static_compiled and generate_static (compiled decodes; slow first calls)")
+    ap.add_argument("--vllm-memory", type=float, default=0.5, help="vLLM gpu_memory_utilization")
+    ap.add_argument("--churn", type=int, default=0, metavar="N",
+                    help="recompile probe: N compiled hf_static calls, shapes changing as in training")
+    ap.add_argument("--compiled-fixed", type=int, default=0, metavar="B",
+                    help="compiled hf_static at batch B: compile seconds, tokens/s after warm-up")
+    ap.add_argument("--compile-backend", default="inductor",
+                    help="torch.compile backend of the compiled hf_static (inductor: hf_static's own, CUDA graphs "
+                         "on a GPU; eager / aot_eager: cheap CPU checks of the recompiles)")
+    args = ap.parse_args(argv)
+    for name, full, tiny in (("batch_sizes", "1,32,128", "1,4"), ("prompt_len", 128, 8), ("new_tokens", 128, 6),
+                             ("repeats", 2, 1)):
+        if getattr(args, name) is None:
+            setattr(args, name, tiny if args.tiny else full)
+    engines = set() if args.engines.strip() in ("", "none") else {e.strip() for e in args.engines.split(",")}
+    if engines - set(ENGINES):
+        ap.error(f"--engines: unknown {sorted(engines - set(ENGINES))}; choose from {', '.join(ENGINES)}")
+    args.engines = engines - ({"generate"} if args.no_generate else set()) - ({"vllm"} if args.no_vllm else set())
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_common_args(ap)
-    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    ap.add_argument("--batch-sizes", default="1,32,128")
-    ap.add_argument("--prompt-len", type=int, default=128)
-    ap.add_argument("--new-tokens", type=int, default=128)
-    ap.add_argument("--repeats", type=int, default=2, help="timed calls per measurement (the best is kept)")
-    ap.add_argument("--bandwidth", type=float, default=None, help="memory bandwidth in TB/s (overrides the table)")
-    ap.add_argument("--no-generate", action="store_true", help="skip the model.generate baseline")
-    ap.add_argument("--static-cache", action="store_true",
-                    help="also time model.generate with a static cache (compiled decode; slow first calls)")
-    ap.add_argument("--no-vllm", action="store_true", help="skip vLLM even when it imports")
-    ap.add_argument("--vllm-memory", type=float, default=0.5, help="vLLM gpu_memory_utilization")
-    args = ap.parse_args(argv)
-    if args.tiny:
-        args.batch_sizes, args.prompt_len, args.new_tokens, args.repeats = "1,4", 8, 6, 1
+    args = parse_args(argv)
     device = resolve_device(args.device)
     batches = [int(b) for b in args.batch_sizes.split(",")]
-    config = qwen2_config(tiny=args.tiny)
-    model = build_model(config, device, getattr(torch, args.dtype)).eval()
+    model, _, label = load_bench_model(args.model, device, tiny=args.tiny)
+    model.eval()
+    model.generation_config.eos_token_id, model.generation_config.pad_token_id = None, 0
+    if args.autocast:
+        def ctx():
+            return compute_autocast(args.dtype, device)
+    else:
+        model.to(getattr(torch, args.dtype))
+        ctx = contextlib.nullcontext
     spec = device_spec(device, bandwidth_tbs=args.bandwidth)
-    wbytes = weight_bytes(model)
+    failed: list[str] = []
+    result = {**spec, "model": label, "dtype": args.dtype, "autocast": args.autocast,
+              "param_dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+              "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "bandwidth_goal": BANDWIDTH_GOAL,
+              "engines": sorted(args.engines), "failed": failed}
+
+    def partial():
+        print(json.dumps({**result, "partial": True}, default=str), file=sys.stderr, flush=True)
+
+    mean_ctx = args.prompt_len + args.new_tokens / 2
+    traffic = step_bytes(model, ctx, args.dtype if args.autocast else None, context=max(int(mean_ctx), 1))
+    result.update(traffic)
     g = torch.Generator().manual_seed(0)
-    prompts_by_b = {b: torch.randint(0, config.vocab_size, (b, args.prompt_len), generator=g).tolist()
+    prompts_by_b = {b: torch.randint(0, model.config.vocab_size, (b, args.prompt_len), generator=g).tolist()
                     for b in batches}
-    rows = measure_rows(model, prompts_by_b, spec, args)
+    rows = measure_rows(model, prompts_by_b, args, ctx, failed)
+    for row in rows:
+        add_limits(row, spec["bandwidth_tbs"], traffic, mean_ctx)
+    result["rows"] = rows
+    partial()
+    if args.compiled_fixed:
+        try:
+            result.update(compiled_fixed(model, args.compiled_fixed, args.prompt_len, args.new_tokens,
+                                         args.repeats, args.compile_backend, ctx))
+            if spec["bandwidth_tbs"]:  # a compiled step under autocast casts every weight again
+                bw_b = spec["bandwidth_tbs"] * 1e12 * args.compiled_fixed  # limit = B · bandwidth / bytes
+                for suffix, key in (("", "weight_bytes"), ("_recast", "weight_bytes_recast")):
+                    if traffic.get(key):
+                        result[f"compiled_bandwidth_fraction{suffix}"] = (
+                            result["compiled_tokens_per_s"] * traffic[key] / bw_b)
+        except Exception as e:  # a compile failure is a result
+            result["compiled_error"] = error_text(e)
+            failed.append("compiled_fixed")
+            free_memory(device)
+        partial()
+    if args.churn:
+        try:
+            result.update(churn_probe(model, args.churn, batches[0], args.prompt_len, args.new_tokens,
+                                      args.compile_backend, ctx, progress=lambda s: (result.update(s), partial())))
+            if result["churn_failed_calls"]:
+                failed.append("churn")
+        except Exception as e:
+            result["churn_error"] = error_text(e)
+            failed.append("churn")
+    config, arch = model.config, type(model).__name__
     del model
     free_memory(device)
 
-    vllm_error = "skipped (--no-vllm)" if args.no_vllm else ("skipped: needs CUDA" if device.type != "cuda" else None)
-    if vllm_error is None:
-        rates = vllm_rates(config, args.dtype, prompts_by_b, args)
-        vllm_error = rates.pop("error", None)
-        merge_vllm(rows, rates)
-    result = {
-        **spec,
-        "model": "qwen2-tiny" if args.tiny else "qwen2-0.5b",
-        "dtype": args.dtype,
-        "weight_bytes": wbytes,
-        "prompt_len": args.prompt_len,
-        "new_tokens": args.new_tokens,
-        "bandwidth_goal": BANDWIDTH_GOAL,
-        "rows": rows,
-        "vllm": vllm_error or "measured",
-    }
+    if "vllm" not in args.engines:
+        result["vllm"] = "skipped (not in --engines)"
+    elif device.type != "cuda":
+        result["vllm"] = "skipped: needs CUDA"
+    else:
+        try:
+            rates = vllm_rates(config, arch, args.dtype, prompts_by_b, args)
+        except Exception as e:  # an engine that fails to start or runs out of memory
+            rates = {"error": f"failed: {error_text(e)}"}
+            failed.append("vllm")
+        result["vllm"] = rates.pop("error", None) or "measured"
+        for row in rows:
+            if row["batch"] in rates:
+                row["vllm_tokens_per_s"] = rates[row["batch"]]
+                if "hf_tokens_per_s" in row:
+                    row["vllm_vs_hf"] = row["vllm_tokens_per_s"] / row["hf_tokens_per_s"]
+                add_limits(row, spec["bandwidth_tbs"], traffic, mean_ctx)
     report(result, args.json)
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -21,9 +21,12 @@ CPU-fast update, in the same run:
 It prints the two times, ``speedup`` (before / after), the two updates' losses and the largest
 difference between the weights each update produced (against the largest change of a weight).
 
-    python bench/train.py [--json] [--rows 64] [--repeats 3]
+    python bench/train.py [--json] [--rows 64] [--repeats 3] [--device cpu]
     python bench/train.py --smollm2 [--json] [--rows 4] [--repeats 2] [--threads 2] [--layout search|dense] [--bf16]
-                          [--group-size 8 [--queries 2]]
+                          [--group-size 8 [--queries 2]] [--device cpu]
+
+``--device`` (default cpu, where the figures above were measured; auto or cuda[:N] too): every model,
+batch and optimizer is built there and the timings synchronise it. ``--threads`` sets torch's CPU threads.
 
 With ``--group-size G`` the rows come in GRPO groups (a common prompt; all but ``queries - 1`` rows of a
 group also share the first turn and its observation, as when the samples search with the same query)
@@ -47,13 +50,19 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sleuth.config import AlgoConfig  # noqa: E402
-from sleuth.models import compute_autocast  # noqa: E402
+from sleuth.models import compute_autocast, pick_device  # noqa: E402
 from sleuth.train import forward  # noqa: E402
 from sleuth.train.forward import batched_logprobs, length_buckets, padding_share  # noqa: E402
 from sleuth.train.prefix_share import computed_share, prefix_buckets  # noqa: E402
 from sleuth.train.update import UpdateBatch, compute_advantages, policy_update  # noqa: E402
-from tests.component.test_train_update import _reference_loss  # noqa: E402
-from tests.helpers.tiny import tiny_model, tiny_tokenizer  # noqa: E402
+
+# (the tiny benchmark's test-suite helpers are imported in main(): importing this module, e.g. for
+# rollout_rows in bench/gpu_trainer_step.py, needs no test code)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def make_batch(tok, rows: int, seed: int = 0):
@@ -71,17 +80,20 @@ def make_batch(tok, rows: int, seed: int = 0):
     return ids, att, mask, lengths
 
 
-def unsorted_buckets(lengths, mbs, max_tokens=None):
+def unsorted_buckets(lengths, mbs, max_tokens=None, *, packed=False):  # length_buckets' signature
     return [list(range(i, min(i + mbs, len(lengths)))) for i in range(0, len(lengths), mbs)]
 
 
 def timed_update(model, batch, algo, mbs, repeats):
     best = float("inf")
+    device = next(model.parameters()).device
     for _ in range(repeats):
         m = copy.deepcopy(model).train()
         opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
+        _sync(device)
         t0 = time.perf_counter()
         policy_update(m, opt, batch, algo, micro_batch_size=mbs, grad_clip=1.0)
+        _sync(device)
         best = min(best, time.perf_counter() - t0)
     return best
 
@@ -95,16 +107,18 @@ LAYOUTS = {
 }
 
 
-def rollout_rows(vocab: int, rows: int, layout: str = "search", seed: int = 0, group_size: int = 0, queries: int = 1):
-    """Rows of random tokens shaped as ``LAYOUTS[layout]``; the loss mask on the sampled spans. With
-    ``group_size``: GRPO groups, each row of a group with the group's prompt; the group's first
-    ``group_size - queries + 1`` rows also share the spans before the last (the same first turn, hence the
-    same observation), each other row its own; the last span is every row's own."""
+def rollout_rows(vocab: int, rows: int, layout: str | list = "search", seed: int = 0, group_size: int = 0,
+                 queries: int = 1):
+    """Rows of random tokens shaped as ``LAYOUTS[layout]`` (or ``layout``'s own (kind, tokens) spans); the loss
+    mask on the sampled spans. With ``group_size``: GRPO groups, each row of a group with the group's prompt; the
+    group's first ``group_size - queries + 1`` rows also share the spans before the last (the same first turn,
+    hence the same observation), each other row its own; the last span is every row's own."""
+    spans = LAYOUTS[layout] if isinstance(layout, str) else layout
     g = torch.Generator().manual_seed(seed)
-    T = sum(n for _, n in LAYOUTS[layout])
+    T = sum(n for _, n in spans)
     ids = torch.randint(100, vocab, (rows, T), generator=g)
     if group_size:
-        prompt, before_last = LAYOUTS[layout][0][1], T - LAYOUTS[layout][-1][1]
+        prompt, before_last = spans[0][1], T - spans[-1][1]
         for b in range(rows):
             first = b - b % group_size  # the group's first row
             ids[b, :prompt] = ids[first, :prompt]
@@ -113,7 +127,7 @@ def rollout_rows(vocab: int, rows: int, layout: str = "search", seed: int = 0, g
     att = torch.ones(rows, T, dtype=torch.long)
     mask = torch.zeros(rows, T, dtype=torch.long)
     start = 0
-    for kind, n in LAYOUTS[layout]:
+    for kind, n in spans:
         mask[:, start:start + n] = int(kind == "sampled")
         start += n
     return ids, att, mask
@@ -125,14 +139,16 @@ def smollm2_step(args) -> dict:
     from sleuth.models import load_policy
 
     torch.set_num_threads(args.threads)
-    policy, tok = load_policy("smollm2", dtype="float32", device="cpu")
+    device = args.device
+    policy, tok = load_policy("smollm2", dtype="float32", device=str(device))
     ref = copy.deepcopy(policy).eval().requires_grad_(False)
-    ids, att, mask = rollout_rows(len(tok), args.rows, args.layout, group_size=args.group_size, queries=args.queries)
+    ids, att, mask = (t.to(device) for t in rollout_rows(len(tok), args.rows, args.layout, group_size=args.group_size,
+                                                         queries=args.queries))
     algo = AlgoConfig(clip_low=0.2, clip_high=0.28, kl_coef=0.001, kl_mode="loss")
     mbs = args.micro_batch_size
     with torch.no_grad():  # the sampler's logprobs (the same weights sampled these tokens)
         sampler = batched_logprobs(policy, ids, att, micro_batch_size=mbs)
-    scores = torch.rand(args.rows, generator=torch.Generator().manual_seed(1))
+    scores = torch.rand(args.rows, generator=torch.Generator().manual_seed(1)).to(device)
     adv, _ = compute_advantages(algo, scores, [f"q{i // (args.group_size or 2)}" for i in range(args.rows)], mask)
     real_token_logprobs = upd.token_logprobs
 
@@ -148,8 +164,9 @@ def smollm2_step(args) -> dict:
         m = copy.deepcopy(policy).train()
         opt = torch.optim.AdamW(m.parameters(), lr=1e-6)
         needed = None if before else mask
+        _sync(device)
         t0 = time.perf_counter()
-        with compute_autocast("bfloat16" if bf16 else "float32", "cpu"):
+        with compute_autocast("bfloat16" if bf16 else "float32", device):
             old = batched_logprobs(m, ids, att, micro_batch_size=mbs) if before else sampler
             ref_lp = batched_logprobs(ref_bf16 if bf16 else ref, ids, att, micro_batch_size=mbs, needed_BT=needed,
                                       shared_prefix=shared)
@@ -160,6 +177,7 @@ def smollm2_step(args) -> dict:
                                      shared_prefix=shared)["algo/loss"]
             finally:
                 upd.token_logprobs = real_token_logprobs
+        _sync(device)
         return time.perf_counter() - t0, loss, m
 
     variants = ["before", "after"] + (["after_bf16"] if args.bf16 else [])
@@ -182,8 +200,9 @@ def smollm2_step(args) -> dict:
         den = sum(float(((p - w).double() ** 2).sum()) for p, w in zip(a.parameters(), policy.parameters()))
         return (num / den) ** 0.5
 
-    out = {"model": "SmolLM2-135M-Instruct (float32 weights)", "rows": args.rows, "tokens_per_row": ids.shape[1],
-           "trained_tokens": int(mask.sum()), "threads": args.threads, "before_s": t_before, "after_s": t_after,
+    out = {"model": "SmolLM2-135M-Instruct (float32 weights)", "device": str(device), "rows": args.rows,
+           "tokens_per_row": ids.shape[1], "trained_tokens": int(mask.sum()), "threads": args.threads,
+           "before_s": t_before, "after_s": t_after,
            "before_all_s": times["before"], "after_all_s": times["after"], "speedup": t_before / t_after,
            "loss_before": losses["before"], "loss_after": losses["after"],
            "loss_abs_diff": abs(losses["before"] - losses["after"]), "max_weight_change": max_diff(models["before"], policy),
@@ -205,9 +224,10 @@ def smollm2_step(args) -> dict:
     return out
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--device", default="cpu", help="cpu (default) | auto (cuda when available) | cuda | cuda:N")
     ap.add_argument("--rows", type=int, default=None, help="rows (default 64; 4 with --smollm2)")
     ap.add_argument("--micro-batch-size", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=None, help="timed repeats (default 3; 2 with --smollm2)")
@@ -221,7 +241,8 @@ def main() -> int:
                     help="--smollm2: rows in GRPO groups of this size (see rollout_rows) and the update also timed "
                          "with shared prefixes (train.share_prefix): speedup_<variant>_shared against <variant>")
     ap.add_argument("--queries", type=int, default=2, help="--group-size: distinct first turns per group")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    args.device = pick_device(args.device)  # a ValueError naming the flag for a device this machine lacks
     if args.smollm2:
         args.rows, args.repeats = args.rows or (2 * args.group_size or 4), args.repeats or 2
         result = smollm2_step(args)
@@ -236,13 +257,18 @@ def main() -> int:
             ok = ok and result["loss_abs_diff_after_shared"] < 1e-4 and result["relative_step_diff_after_shared"] < 0.05
         return 0 if ok else 1
     args.rows, args.repeats = args.rows or 64, args.repeats or 3
+    from tests.component.test_train_update import _reference_loss
+    from tests.helpers.tiny import tiny_model, tiny_tokenizer
+
+    device = args.device
     torch.manual_seed(0)
     tok = tiny_tokenizer()
-    model = tiny_model(tok, seed=0, hidden=128, layers=4)
+    model = tiny_model(tok, seed=0, hidden=128, layers=4).to(device)
     ids, att, mask, lengths = make_batch(tok, args.rows)
+    ids, att, mask = ids.to(device), att.to(device), mask.to(device)
     algo = AlgoConfig(kl_coef=0.0, kl_mode="none")
     old = batched_logprobs(model, ids, att, micro_batch_size=args.micro_batch_size)
-    scores = torch.rand(args.rows, generator=torch.Generator().manual_seed(1))
+    scores = torch.rand(args.rows, generator=torch.Generator().manual_seed(1)).to(device)
     groups = [f"q{i // 4}" for i in range(args.rows)]
     adv, _ = compute_advantages(algo, scores, groups, mask)
     batch = UpdateBatch(ids, att, mask, adv, old)
@@ -262,7 +288,7 @@ def main() -> int:
     # correctness: one fixed batch against the reference written in the test suite
     small = UpdateBatch(ids[:8, :200], att[:8, :200], mask[:8, :200], adv[:8, :200], old[:8, :200])
     algo_kl = AlgoConfig(clip_low=0.2, clip_high=0.28, kl_coef=0.05, kl_mode="loss")
-    ref_lp = batched_logprobs(tiny_model(tok, seed=5, hidden=128, layers=4), small.input_ids_BT,
+    ref_lp = batched_logprobs(tiny_model(tok, seed=5, hidden=128, layers=4).to(device), small.input_ids_BT,
                               small.attention_mask_BT, micro_batch_size=8)
     small.ref_logprobs_BT = ref_lp
     m = copy.deepcopy(model).train()
@@ -273,6 +299,7 @@ def main() -> int:
                          grad_clip=None)["algo/loss"]
 
     result = {
+        "device": str(device),
         "rows": args.rows,
         "tokens": tokens,
         "tokens_per_s": tokens / t_sorted,

@@ -151,8 +151,10 @@ class RolloutConfig:
     weights are pushed into it after every update; its logprobs feed ``algo.tis_cap``; the run's evaluations use it
     too when ``vllm_tensor_parallel_size`` is 1). docs/benchmarks.md has what was measured."""
     hf_compile: Bool = False
-    """hf_static: run the decode step through ``torch.compile`` (on CUDA with CUDA graphs, mode reduce-overhead);
-    compilation takes seconds to minutes per shape. Measured slower on a 2-core CPU."""
+    """hf_static: run the decode step through ``torch.compile`` (on CUDA with CUDA graphs, mode reduce-overhead)
+    over a persistent KV pool at bucketed shapes (batch rounded up to a power of two, width to a multiple of
+    256 slots), so it compiles once per bucket met (seconds to minutes each), not once per call; the pool
+    holds the K/V of the largest bucket met. Measured slower on a 2-core CPU; not yet measured on a GPU."""
     hf_sync_every: Annotated[Int | None, Field(ge=1)] = None
     """hf_static: tokens decoded between host synchronisations (None: 8 on CUDA, 1 on CPU)."""
     vllm_gpu_memory_utilization: Float = 0.3
@@ -309,6 +311,17 @@ class TrainConfig:
     """Use torch's deterministic algorithms (``torch.use_deterministic_algorithms``, warnings where an op has none;
     on a GPU also ``CUBLAS_WORKSPACE_CONFIG`` and no cuDNN autotuning): reruns and resumes give the same numbers.
     None (default): on CPU runs, where it costs nothing, and not on GPUs, where it slows some kernels."""
+    sampler_check_every: Annotated[Int | None, Field(ge=0)] = None
+    """With one on-policy pass the rollout's logprobs stand in for the old policy's; every this many steps (from
+    step 1) the trainer's forward computes them too and the gap is logged (``rollout/sampler_gap_*``). None: every
+    10 steps on a GPU or in bf16/float16 compute, never on a CPU in float32 (equal to rounding there); 0: never."""
+    sampler_max_gap: Annotated[Float, Field(ge=0)] = 0.01
+    """Mean |sampler - trainer| logprob above which the old logprobs are recomputed at every step from then on."""
+    tf32: Bool = True
+    """On a GPU, float32 matrix products (``model.dtype: float32``; the update's float32 parts) run on the
+    TF32 tensor cores (``torch.set_float32_matmul_precision("high")``: ~8x faster on an H100, 10-bit
+    mantissa products accumulated in float32). False keeps full float32 products. Off whenever
+    ``train.deterministic`` is on. No effect on CPU."""
     tensorboard: Bool = False
     """Also write TensorBoard events to ``<out>/tensorboard``."""
     wandb: Bool = False

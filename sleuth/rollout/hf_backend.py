@@ -229,8 +229,9 @@ class HFBackend:
     def _prefill(self, prompts: list[list[int]], max_cap: int):
         """One forward over the part of every prompt that is not cached yet (left-padded to N).
 
-        Layout of row b (``P`` = longest cached prefix, ``W = P + N + max_cap`` slots): its cached
-        prefix ends at slot P, its new tokens end at slot P + N, generated tokens follow. Returns
+        Layout of row b (``P`` = longest cached prefix, ``W = P + N + max_cap`` slots or more, see
+        ``_new_cache``): its cached prefix ends at slot P, its new tokens end at slot P + N, generated
+        tokens follow. Returns
         the cache, the boolean mask of valid slots ``mask_BW``, the used width ``P + N``, each row's
         next position and the logits after its last prompt token.
         """
@@ -239,7 +240,7 @@ class HFBackend:
         lens = [n for n, _ in hits]
         news = [p[n:] for p, n in zip(prompts, lens)]
         P, N = max(lens), max(len(x) for x in news)
-        W = P + N + max_cap
+        cache, W = self._new_cache([kv for _, kv in hits], lens, P + N + max_cap)
         ids_BN = torch.tensor([[self.pad_id] * (N - len(x)) + x for x in news], dtype=torch.long, device=dev)
         len_B1 = torch.tensor(lens, dtype=torch.long, device=dev)[:, None]
         new_B1 = torch.tensor([len(x) for x in news], dtype=torch.long, device=dev)[:, None]
@@ -248,15 +249,19 @@ class HFBackend:
         in_new_BW = (slot_W >= P + N - new_B1) & (slot_W < P + N)
         mask_BW = in_prefix_BW | in_new_BW
         pos_BN = (len_B1 + torch.arange(N, device=dev) - (N - new_B1)).clamp(min=0)
-        if self.reuse_prefix:
-            cache = slot_cache(self.model, W, assemble([kv for _, kv in hits], lens, W), P)
-        else:
-            cache = DynamicCache(config=self.model.config)
         out = self.model(
             input_ids=ids_BN, attention_mask=mask_BW[:, : P + N], position_ids=pos_BN,
             use_cache=True, logits_to_keep=1, **{self._cache_kw: cache},
         )  # fmt: skip
         return cache, mask_BW, P + N, (len_B1 + new_B1).squeeze(1), out.logits[:, -1]
+
+    def _new_cache(self, prefixes: list[KV | None], lens: list[int], width: int):
+        """The cache the prefill writes into, holding the rows' cached prefixes (right-aligned at
+        ``max(lens)``), and its width in slots: ``width`` (``P + N + max_cap``) here; hf_static's
+        compiled step rounds it up to its bucket."""
+        if not self.reuse_prefix:
+            return DynamicCache(config=self.model.config), width
+        return slot_cache(self.model, width, assemble(prefixes, lens, width), max(lens)), width
 
     def _cached_prefixes(self, prompts: list[list[int]]) -> list[tuple[int, KV | None]]:
         """Per prompt ``(cached length, keys/values)``: the session's store first; rows it has

@@ -56,25 +56,30 @@ class SlotLayer(DynamicLayer):
             self.dtype, self.device, self.is_initialized = self.k_buf.dtype, self.k_buf.device, True
             self._views()
 
-    def _allocate(self, like_BHLD: torch.Tensor) -> None:
+    def _allocate(self, like_BHLD: torch.Tensor, dtype: torch.dtype | None = None) -> None:
         B, H, L, D = like_BHLD.shape
         self.capacity = max(self.capacity, L)
-        self.k_buf = like_BHLD.new_zeros((B, H, self.capacity, D))  # zeros: masked slots stay finite
-        self.v_buf = like_BHLD.new_zeros((B, H, self.capacity, D))
-        self.dtype, self.device, self.is_initialized = like_BHLD.dtype, like_BHLD.device, True
+        dtype = dtype or like_BHLD.dtype
+        self.k_buf = like_BHLD.new_zeros((B, H, self.capacity, D), dtype=dtype)  # zeros: masked slots stay finite
+        self.v_buf = like_BHLD.new_zeros((B, H, self.capacity, D), dtype=dtype)
+        self.dtype, self.device, self.is_initialized = dtype, like_BHLD.device, True
 
     def _views(self) -> None:
         self.keys, self.values = self.k_buf[:, :, : self.length], self.v_buf[:, :, : self.length]
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        self._allocate(key_states)
+        # keys kept in the values' dtype: under bf16 autocast with float32 weights the rotary embedding
+        # promotes keys to float32 while values leave v_proj in bf16; attention (autocast's SDPA or
+        # matmul) casts the keys to bf16 anyway, so storing them so gives the same outputs at half the
+        # bytes and no cast of the whole key cache at every decode step
+        self._allocate(key_states, value_states.dtype)
 
     static_slot: torch.Tensor | None = None  # set by hf_static's decode: write there, attend over the whole buffer
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if self.static_slot is not None:  # one token per row at a device index: the same shapes every step
-            self.k_buf.index_copy_(2, self.static_slot, key_states)
-            self.v_buf.index_copy_(2, self.static_slot, value_states)
+            self.k_buf.index_copy_(2, self.static_slot, key_states.to(self.k_buf.dtype))
+            self.v_buf.index_copy_(2, self.static_slot, value_states.to(self.v_buf.dtype))
             return self.k_buf, self.v_buf
         if self.k_buf is None:
             self.lazy_initialization(key_states, value_states)
@@ -82,7 +87,7 @@ class SlotLayer(DynamicLayer):
         if end > self.capacity:  # not expected: the backend sizes the buffer for the whole call
             old_k, old_v = self.keys, self.values
             self.capacity = max(end, 2 * self.capacity)
-            self._allocate(old_k)
+            self._allocate(old_k, old_v.dtype)
             self.k_buf[:, :, : self.length], self.v_buf[:, :, : self.length] = old_k, old_v
         self.k_buf[:, :, self.length : end] = key_states
         self.v_buf[:, :, self.length : end] = value_states
@@ -110,35 +115,40 @@ def slot_cache(model, capacity: int, buffers: list[tuple[torch.Tensor, torch.Ten
     return cache
 
 
-def assemble(prefixes: list[KV | None], lengths: list[int], capacity: int) -> KV | None:
+def assemble(prefixes: list[KV | None], lengths: list[int], capacity: int, out: KV | None = None) -> KV | None:
     """Per layer, ``(keys_BHWD, values_BHWD)`` buffers of ``capacity`` slots with row ``b``'s prefix
     in slots ``[P - len_b, P)``, ``P = max(lengths)``, zeros elsewhere (None when no row has one).
-    Rows sharing one prefix object (a common prompt prefix) are written at once."""
+    Rows sharing one prefix object (a common prompt prefix) are written at once. ``out``: buffers
+    to write the prefixes into instead (hf_static's KV pool; its other slots keep what they hold,
+    for the attention mask to hide), returned as they are when no row has a prefix."""
     P = max(lengths, default=0)
     if P == 0:
-        return None
+        return out
     groups: dict[int, list[int]] = {}
     for b, kv in enumerate(prefixes):
         if kv is not None:
             groups.setdefault(id(kv), []).append(b)
     first = next(kv for kv in prefixes if kv is not None)
-    out = []
+    built = []
     for layer, (k_ref_HLD, v_ref_HLD) in enumerate(first):
-        # keys and values each in their own dtype: under bf16 autocast with float32 weights the
-        # values come out of v_proj in bf16 while the keys leave the rotary embedding in float32
+        # keys in the values' dtype (SlotLayer): a prefix computed outside a SlotLayer may hold float32
+        # keys (bf16 autocast over float32 weights: the rotary embedding promotes them)
         H, _, D = k_ref_HLD.shape
-        k_BHWD = k_ref_HLD.new_zeros((len(prefixes), H, capacity, D))
-        v_BHWD = v_ref_HLD.new_zeros((len(prefixes), H, capacity, v_ref_HLD.shape[-1]))
+        if out is not None:
+            k_BHWD, v_BHWD = out[layer]
+        else:
+            k_BHWD = k_ref_HLD.new_zeros((len(prefixes), H, capacity, D), dtype=v_ref_HLD.dtype)
+            v_BHWD = v_ref_HLD.new_zeros((len(prefixes), H, capacity, v_ref_HLD.shape[-1]))
         for rows in groups.values():
             k_HLD, v_HLD = prefixes[rows[0]][layer]
-            L = k_HLD.shape[1]
+            k_HLD, L = k_HLD.to(k_BHWD.dtype), k_HLD.shape[1]
             if len(rows) == 1:
                 k_BHWD[rows[0], :, P - L : P], v_BHWD[rows[0], :, P - L : P] = k_HLD, v_HLD
             else:
                 idx = torch.tensor(rows, device=k_HLD.device)
                 k_BHWD[idx, :, P - L : P], v_BHWD[idx, :, P - L : P] = k_HLD, v_HLD
-        out.append((k_BHWD, v_BHWD))
-    return out
+        built.append((k_BHWD, v_BHWD))
+    return built
 
 
 def row_kv(cache, b: int, slots: torch.Tensor) -> KV:

@@ -7,7 +7,20 @@ What changes against ``hf`` (everything else, prefill and prefix reuse included,
   (``P + N + max_cap`` slots); each decode step writes its key/value at a slot given as a device
   tensor and attends over the whole buffer under a ``(B, 1, 1, W)`` mask, so every step has the
   same shapes and no Python integer changes inside the model: the step can be compiled
-  (``compile=True``, ``torch.compile``; on CUDA the buffers are marked static for CUDA graphs).
+  (``compile=True``, ``torch.compile``, one compiled callable per backend).
+* **Compiled: bucketed shapes over a persistent KV pool**, so that the calls of a training run
+  (prompts, caps, row counts and agent rounds all vary) compile once per bucket, not once per
+  shape (dynamo stops compiling after ``recompile_limit``, 8, recompiles and runs eager). The batch
+  is rounded up to a power of two with inert dummy rows (no valid slot but those their own steps
+  write; their tokens are never read, stashed or returned; seed 0), the width up to a multiple of
+  ``width_multiple`` (256). The buffers are views of one flat key and one flat value tensor per
+  layer (:class:`KVPool`): the prefill writes prefixes and new tokens into the first rows of the
+  bucket's buffers; stale slots are never zeroed, only masked (they hold finite values from
+  earlier forwards). A bucket met before gets the same tensors back; on CUDA they are marked as
+  static addresses once and all start at the pool's addresses, so recorded CUDA graphs replay
+  instead of re-recording. The pool holds the K/V of the largest bucket met so far and is
+  reallocated (the old one freed first) only when a bucket does not fit or the dtype changes.
+  Eager steps keep the call's own shapes (no padding, no pool).
 * **Sampling on the device, per-row seeds without generators.** A row's uniform number for its
   k-th token is a counter-based hash of ``(seed, k)`` (``uniforms``), computed for all rows in
   one op: no per-row ``torch.Generator`` call per token, and a row's sample still does not
@@ -21,9 +34,14 @@ What changes against ``hf`` (everything else, prefill and prefix reuse included,
   batch, so its shapes never change).
 
 Stop reasons, kept tokens and logprobs follow the same rules as ``hf``: greedy outputs are equal
-(tested on the test models and SmolLM2). Measured on a 2-core CPU this path is not faster than
-``hf`` (docs/benchmarks.md, ``bench/decode.py``); it is meant for GPUs, where per-token launches
-and synchronisations dominate a small model's decode, and is not the default until measured there.
+(tested on the test models and SmolLM2; compiled, padded into buckets, on the test models), and a
+row's sampled tokens do not depend on its batch or the bucket's padding. Measured on a 2-core CPU
+this path is not faster than ``hf`` (docs/benchmarks.md, ``bench/decode.py``); it is meant for
+GPUs, where per-token launches and synchronisations dominate a small model's decode, and is not the
+default until measured there. A run that meets more than ``recompile_limit`` buckets runs the
+further ones eager (dynamo keeps serving the buckets it compiled).
+Not done: sampling stays outside the compiled step (its ~45 small kernels per step), and under
+autocast the compiled step re-casts float32 weights every step (dynamo turns the autocast cache off).
 """
 
 from __future__ import annotations
@@ -32,7 +50,7 @@ import torch
 
 from sleuth.rollout.backends import SamplingParams
 from sleuth.rollout.hf_backend import COMPACT_AT, HFBackend, sample_next
-from sleuth.rollout.hf_cache import SlotLayer
+from sleuth.rollout.hf_cache import KV, assemble, slot_cache
 
 M32 = 0xFFFFFFFF
 
@@ -59,13 +77,48 @@ def uniforms(seed_B: torch.Tensor, counter_B: torch.Tensor) -> torch.Tensor:
     return (x >> 8).to(torch.float32) / float(1 << 24)
 
 
+class KVPool:
+    """The compiled step's keys/values: per layer one flat key and one flat value tensor, and every
+    bucket ``(B, W)`` views its ``(B, H, W, D)`` buffers from their start. A bucket met before gets the
+    same tensors back (so the same compiled graph; on CUDA they are marked static once, and every
+    bucket's buffers start at the same addresses, so recorded CUDA graphs replay). A bucket that does
+    not fit (or another dtype: autocast on or off) frees the pool and allocates one of its own size:
+    the memory held is the K/V of the largest bucket met so far, one pool per backend."""
+
+    def __init__(self) -> None:
+        self._flat: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._views: dict[tuple[int, int], KV] = {}
+
+    def buffers(self, B: int, W: int, spec: list[tuple[int, int, int, torch.dtype]], device) -> KV:
+        """Per layer ``(k_BHWD, v_BHWD)`` for the bucket; ``spec``: per layer ``(H, Dk, Dv, dtype)``."""
+        if (views := self._views.get((B, W))) is not None and views[0][1].dtype == spec[0][3]:
+            return views
+        need = [(B * H * W * dk, B * H * W * dv, dtype) for H, dk, dv, dtype in spec]
+        if not self._flat or any(k.numel() < nk or v.numel() < nv or v.dtype != dt
+                                 for (k, v), (nk, nv, dt) in zip(self._flat, need)):  # fmt: skip
+            self._flat, self._views = [], {}  # free first: the old pool and the new are never both held
+            self._flat = [(torch.zeros(nk, dtype=dt, device=device), torch.zeros(nv, dtype=dt, device=device))
+                          for nk, nv, dt in need]  # fmt: skip
+        views = [(k[: B * H * W * dk].view(B, H, W, dk), v[: B * H * W * dv].view(B, H, W, dv))
+                 for (k, v), (H, dk, dv, _) in zip(self._flat, spec)]  # fmt: skip
+        if torch.device(device).type == "cuda":  # CUDA graphs: inputs at fixed addresses (marked once per tensor)
+            for k, v in views:
+                torch._dynamo.mark_static_address(k)
+                torch._dynamo.mark_static_address(v)
+        self._views[(B, W)] = views
+        return views
+
+
 class StaticHFBackend(HFBackend):
     """See the module docstring. ``compile``: run the decode step through ``torch.compile``
-    (``compile_mode``; None: reduce-overhead, i.e. CUDA graphs, on a GPU, the default mode elsewhere);
+    (``compile_mode``; None: reduce-overhead, i.e. CUDA graphs, on a GPU, the default mode elsewhere;
+    ``compile_backend``: None for inductor, or e.g. ``eager``/``aot_eager`` for cheap CPU checks) over
+    batches rounded up to a power of two and widths to a multiple of ``width_multiple`` slots;
     ``sync_every``: tokens decoded between host synchronisations (None: 8 on CUDA, 1 on CPU)."""
 
     def __init__(self, model, tokenizer, eos_token_ids=None, *, compile: bool = False, sync_every: int | None = None,
-                 compile_mode: str | None = None):  # fmt: skip
+                 compile_mode: str | None = None, compile_backend: str | None = None,
+                 width_multiple: int = 256):  # fmt: skip
         super().__init__(model, tokenizer, eos_token_ids, reuse_prefix=True)
         if not self.reuse_prefix:
             raise ValueError(f"rollout.backend=hf_static needs a model whose cache is plain full-attention layers; "
@@ -77,19 +130,65 @@ class StaticHFBackend(HFBackend):
         self._float_mask = attn == "eager"  # eager attention adds the mask to its scores
         if sync_every is None:
             sync_every = 8 if self.device.type == "cuda" else 1
-        if sync_every < 1:
-            raise ValueError(f"sync_every must be >= 1, got {sync_every}")
-        self.sync_every, self.compiled = sync_every, compile
+        for name, v in (("sync_every", sync_every), ("width_multiple", width_multiple)):
+            if v < 1:
+                raise ValueError(f"{name} must be >= 1, got {v}")
+        self.sync_every, self.compiled, self.width_multiple = sync_every, compile, width_multiple
         self._step = self._forward_step
-        if compile:
-            if compile_mode is None:  # CUDA graphs on a GPU
-                compile_mode = "reduce-overhead" if self.device.type == "cuda" else None
-            self._step = torch.compile(self._forward_step, dynamic=False, mode=compile_mode)
+        self._pool, self._specs = KVPool(), {}
+        if compile:  # one compiled callable per backend; it compiles once per bucket
+            if compile_backend not in (None, "inductor"):  # mode is inductor's
+                self._step = torch.compile(self._forward_step, dynamic=False, backend=compile_backend)
+            else:
+                if compile_mode is None:  # CUDA graphs on a GPU
+                    compile_mode = "reduce-overhead" if self.device.type == "cuda" else None
+                self._step = torch.compile(self._forward_step, dynamic=False, mode=compile_mode)
+
+    def bucket(self, rows: int, width: int) -> tuple[int, int]:
+        """The compiled step's ``(batch, width)`` for a call of ``rows`` rows needing ``width`` slots:
+        the batch rounded up to a power of two, the width up to a multiple of ``width_multiple``."""
+        return 1 << (rows - 1).bit_length(), -(-width // self.width_multiple) * self.width_multiple
 
     def _forward_step(self, tokens_B1, mask_B11W, pos_B1, cache):
         out = self.model(input_ids=tokens_B1, attention_mask=mask_B11W, position_ids=pos_B1, use_cache=True,
                          **{self._cache_kw: cache})  # fmt: skip
         return out.logits[:, -1]
+
+    def _kv_spec(self) -> list[tuple[int, int, int, torch.dtype]]:
+        """Per layer ``(kv heads, key dim, value dim, dtype)`` of the cache the model writes in the current
+        autocast state (keys kept in the values' dtype, as ``SlotLayer`` does): one probe forward of one
+        token per state, remembered."""
+        dev = self.device.type
+        state = (torch.is_autocast_enabled(dev), torch.get_autocast_dtype(dev), next(self.model.parameters()).dtype)
+        if state not in self._specs:
+            kv = self._prefix_kv([self.pad_id])
+            self._specs[state] = [(k.shape[0], k.shape[-1], v.shape[-1], v.dtype) for k, v in kv]
+        return self._specs[state]
+
+    def _new_cache(self, prefixes, lens, width):
+        """Compiled: the prefill's rows are the first rows of the pool's buffers for the call's bucket,
+        prefixes written in place (slots no row holds keep stale, finite values: always masked)."""
+        if not self.compiled:
+            return super()._new_cache(prefixes, lens, width)
+        B, W = self.bucket(len(prefixes), width)
+        rows = [(k[: len(prefixes)], v[: len(prefixes)]) for k, v in self._pool.buffers(B, W, self._kv_spec(),
+                                                                                        self.device)]  # fmt: skip
+        return slot_cache(self.model, W, assemble(prefixes, lens, W, out=rows), max(lens)), W
+
+    def _pad_to_bucket(self, cache, mask_BW, next_pos_B, logits_BV):
+        """Compiled: the decode state over the bucket's whole buffers, ``B_pad - B`` dummy rows after the
+        real ones. A dummy row's only valid slots are those its own steps write (no attention row is all
+        masked); its tokens are never read, stashed or returned."""
+        B, W = mask_BW.shape
+        extra = self.bucket(B, W)[0] - B
+        for layer, (k, v) in zip(cache.layers, self._pool.buffers(B + extra, W, self._kv_spec(), self.device)):
+            layer.k_buf, layer.v_buf = k, v
+            layer._views()
+        if extra:
+            mask_BW = torch.cat([mask_BW, mask_BW.new_zeros((extra, W))])
+            next_pos_B = torch.cat([next_pos_B, next_pos_B.new_zeros(extra)])
+            logits_BV = torch.cat([logits_BV, logits_BV.new_zeros((extra, logits_BV.shape[1]))])
+        return mask_BW, next_pos_B, logits_BV
 
     def _mask(self, mask_BW: torch.Tensor) -> torch.Tensor:
         m = mask_BW[:, None, None, :]
@@ -103,20 +202,19 @@ class StaticHFBackend(HFBackend):
         finished = self._finisher(params, caps, results)
         max_cap = max(caps[i] for i in rows)
         cache, mask_BW, width, next_pos_B, logits_BV = self._prefill([prompts[i] for i in rows], max_cap)
+        if self.compiled:  # the bucket's batch: dummy rows after the real ones
+            mask_BW, next_pos_B, logits_BV = self._pad_to_bucket(cache, mask_BW, next_pos_B, logits_BV)
         slot_1 = torch.full((1,), width, dtype=torch.long, device=dev)  # where the next token's key/value goes
         for layer in cache.layers:
             layer.static_slot = slot_1
-            if self.compiled and dev.type == "cuda":  # CUDA graphs need the buffers at fixed addresses
-                torch._dynamo.mark_static_address(layer.k_buf)
-                torch._dynamo.mark_static_address(layer.v_buf)
         seed_B = None
-        if not params.is_greedy:
-            seed_B = torch.tensor([seeds[i] if seeds is not None else int(torch.randint(2**62, ()).item()) for i in rows],
-                                  dtype=torch.long, device=dev)  # fmt: skip
-        active = list(rows)  # original row index of each batch position
+        if not params.is_greedy:  # dummy rows: seed 0 (a row's numbers depend on its own seed only)
+            row_seeds = [seeds[i] if seeds is not None else int(torch.randint(2**62, ()).item()) for i in rows]
+            seed_B = torch.tensor(row_seeds + [0] * (len(mask_BW) - len(rows)), dtype=torch.long, device=dev)
+        active = list(rows)  # original row index of each (real) batch position
         live = list(range(len(rows)))  # batch positions still generating
-        tok_BK = torch.empty((len(rows), self.sync_every), dtype=torch.long, device=dev)
-        lp_BK = torch.empty((len(rows), self.sync_every), dtype=torch.float32, device=dev)
+        tok_BK = torch.empty((len(mask_BW), self.sync_every), dtype=torch.long, device=dev)
+        lp_BK = torch.empty((len(mask_BW), self.sync_every), dtype=torch.float32, device=dev)
         step, k, stashed = 0, 0, set()
         while True:
             u_B = None if seed_B is None else uniforms(seed_B, torch.full_like(seed_B, step))
@@ -124,7 +222,7 @@ class StaticHFBackend(HFBackend):
             tok_BK[:, k], lp_BK[:, k] = tokens_B, logp_B
             step, k = step + 1, k + 1
             if k == self.sync_every or step == max_cap:  # read the chunk on the host; check rows in order
-                toks, lps = tok_BK[:, :k].tolist(), lp_BK[:, :k].tolist()
+                toks, lps = tok_BK[: len(active), :k].tolist(), lp_BK[: len(active), :k].tolist()
                 live = [b for b in live if not any(finished(active[b], t, lp) for t, lp in zip(toks[b], lps[b]))]
                 if self._store is not None:
                     self._stash_finished(cache, mask_BW, active, live, stashed, prompts, results)

@@ -33,11 +33,18 @@ import torch
 # model types whose causal-LM forward is ``lm_head(slice_logits_to_keep(hidden, logits_to_keep))`` and
 # nothing after it (read in transformers' modeling files); others compute full logits
 PLAIN_HEAD_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3", "smollm3", "olmo2"})
-CHUNK_ELEMENTS = 1 << 23  # C * V logits per chunk (32 MB in float32): C = 170 for a 49k vocabulary
+CHUNK_ELEMENTS = 1 << 23  # C * V logits per chunk on a CPU (32 MB in float32): C = 170 for a 49k vocabulary
+# on a GPU a [C, V] block of 512 MB (C = 2,730 at a 49k vocabulary, 883 at 152k): the chunk's GEMMs
+# (K = C for the weight's gradient) fill the tensor cores, and the few blocks alive at once (about 3
+# in backward) stay small beside a GPU's memory
+CUDA_CHUNK_ELEMENTS = 1 << 27
 
 
-def chunk_positions(vocab: int, elements: int = CHUNK_ELEMENTS) -> int:
-    """Positions per chunk so that a [C, V] float32 block holds about ``elements`` values."""
+def chunk_positions(vocab: int, elements: int | None = None, device: str | torch.device = "cpu") -> int:
+    """Positions per chunk so that a [C, V] float32 block holds about ``elements`` values (by default
+    :data:`CHUNK_ELEMENTS`, or :data:`CUDA_CHUNK_ELEMENTS` on a CUDA ``device``)."""
+    if elements is None:
+        elements = CUDA_CHUNK_ELEMENTS if torch.device(device).type == "cuda" else CHUNK_ELEMENTS
     return max(1, elements // max(vocab, 1))
 
 
@@ -50,9 +57,9 @@ def _compute_dtype(hidden: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
 
 
 def _chunk_logits(h_CH, weight_VH, bias_V, temperature: float, dtype: torch.dtype) -> torch.Tensor:
-    """``(h W^T + b) / T`` of one chunk, the matmul in ``dtype``, the result in >= float32 [C, V]
-    (called with autocast off)."""
-    z_CV = h_CH.to(dtype) @ weight_VH.to(dtype).T
+    """``(h W^T + b) / T`` of one chunk, the matmul in ``dtype`` (``weight_VH`` already cast to it:
+    once per call, not per chunk), the result in >= float32 [C, V] (called with autocast off)."""
+    z_CV = h_CH.to(dtype) @ weight_VH.T
     if bias_V is not None:
         z_CV = z_CV + bias_V.to(dtype)
     z_CV = z_CV.to(torch.promote_types(dtype, torch.float32))
@@ -69,9 +76,10 @@ class _HeadLogprobs(torch.autograd.Function):
         lse_N = hidden_NH.new_zeros(N, dtype=out_dtype)
         ent_N = hidden_NH.new_zeros(N, dtype=out_dtype)
         with torch.autocast(hidden_NH.device.type, enabled=False):  # the matmul in `dtype`, the rest float32
+            w_VH = weight_VH.to(dtype)  # one cast per call (not kept for backward, which casts once again)
             for s in range(0, N, chunk):
                 e = min(s + chunk, N)
-                z_CV = _chunk_logits(hidden_NH[s:e], weight_VH, bias_V, temperature, dtype)
+                z_CV = _chunk_logits(hidden_NH[s:e], w_VH, bias_V, temperature, dtype)
                 lse_N[s:e] = torch.logsumexp(z_CV, dim=-1)
                 lp_N[s:e] = z_CV.gather(-1, tokens_N[s:e, None]).squeeze(-1) - lse_N[s:e]
                 if with_entropy:
@@ -79,6 +87,7 @@ class _HeadLogprobs(torch.autograd.Function):
                     ent_N[s:e] = lse_N[s:e] - (p_CV.unsqueeze(-2) @ z_CV.unsqueeze(-1)).view(-1)
                     del p_CV
                 del z_CV
+            del w_VH
         ctx.save_for_backward(hidden_NH, weight_VH, bias_V, tokens_N, lse_N, ent_N)
         ctx.set_materialize_grads(False)  # an output not used by the loss (a metric-only entropy): None
         ctx.temperature, ctx.chunk, ctx.with_entropy, ctx.dtype = temperature, chunk, with_entropy, dtype
@@ -99,10 +108,11 @@ class _HeadLogprobs(torch.autograd.Function):
         if g_lp_N is None:
             g_lp_N = torch.zeros_like(lse_N)
         with torch.autocast(hidden_NH.device.type, enabled=False):
+            w_VH = weight_VH.to(dtype)  # once for every chunk's two matmuls
             for s in range(0, N, ctx.chunk):
                 e = min(s + ctx.chunk, N)
                 g_lp_C1 = g_lp_N[s:e, None].to(lse_N.dtype)
-                logp_CV = _chunk_logits(hidden_NH[s:e], weight_VH, bias_V, ctx.temperature, dtype)
+                logp_CV = _chunk_logits(hidden_NH[s:e], w_VH, bias_V, ctx.temperature, dtype)
                 logp_CV.sub_(lse_N[s:e, None])  # log p, in place of z
                 p_CV = logp_CV.exp()
                 if use_ent:  # g_lp + g_H * (log p + H), in place of log p
@@ -119,7 +129,7 @@ class _HeadLogprobs(torch.autograd.Function):
                     grad_b += g_CV.sum(0).to(acc)
                 g_CV = g_CV.to(dtype)
                 if grad_h is not None:
-                    grad_h[s:e] = (g_CV @ weight_VH.to(dtype)).to(hidden_NH.dtype)
+                    grad_h[s:e] = (g_CV @ w_VH).to(hidden_NH.dtype)
                 if grad_w is not None:
                     h_CH = hidden_NH[s:e].to(dtype)
                     if dtype == acc:
@@ -141,7 +151,7 @@ def chunked_head_logprobs(hidden_NH: torch.Tensor, weight_VH: torch.Tensor, bias
                          f"{list(tokens_N.shape)}")
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature!r}")
-    chunk = chunk or chunk_positions(weight_VH.shape[0])
+    chunk = chunk or chunk_positions(weight_VH.shape[0], device=hidden_NH.device)
     return _HeadLogprobs.apply(hidden_NH, weight_VH, bias_V, tokens_N.long(), float(temperature), int(chunk),
                                bool(with_entropy))
 

@@ -109,6 +109,9 @@ def gathered(model: torch.nn.Module | None) -> Iterator[None]:
     try:
         yield
     finally:
+        # casts of the full weights made inside (the rollout under the step's autocast) would keep a
+        # full low-precision copy of the model alive through the sharded update
+        torch.clear_autocast_cache()
         for m in blocks:
             m.reshard()
         model.set_reshard_after_forward(True)
@@ -216,10 +219,12 @@ def init_distributed() -> DistContext:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return DistContext()
-    if not dist.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        dist.init_process_group(backend=backend)
     local = int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available():
-        torch.cuda.set_device(local)
+        torch.cuda.set_device(local)  # before the group: NCCL binds each rank to its own GPU, not GPU 0
+    if not dist.is_initialized():
+        if torch.cuda.is_available():
+            dist.init_process_group(backend="nccl", device_id=torch.device("cuda", local))
+        else:
+            dist.init_process_group(backend="gloo")
     return DistContext(dist.get_rank(), dist.get_world_size(), local)

@@ -44,9 +44,11 @@ from sleuth.train.forward import batched_logprobs, batched_values, length_bucket
 from sleuth.train.logging import MetricsLogger, truncate_logs
 from sleuth.train.memory_plan import check_memory
 from sleuth.train.offload import on_device
+from sleuth.train.phase_memory import PhasePeaks
 from sleuth.train.prefix_share import computed_share, prefix_buckets
 from sleuth.train.rundir import check_run_dir, warn_changed_settings, write_run_config
 from sleuth.train.sampler import CollapseWatch, QuestionSampler
+from sleuth.train.sampler_gap import SamplerGap
 from sleuth.train.state import (
     build_state,
     check_parallel_settings,
@@ -73,6 +75,8 @@ class Trainer:
         self.deterministic = set_determinism(cfg, self.ctx)
         self.state = build_state(cfg, self.ctx, sharded)  # policy, reference, critic, optimizers
         self.policy, self.tokenizer, self.optimizer = self.state.policy, self.state.tokenizer, self.state.optimizer
+        self.sampler_gap = SamplerGap(cfg.train.sampler_check_every, cfg.train.sampler_max_gap,
+                                      device=self.state.compute_device, dtype=cfg.model.dtype)
         self.packed = self._packing()
         self.shared = self._sharing()
         self.fmt, self.retriever, self.reward_fn = build_format(cfg), build_retriever(cfg), build_reward(cfg)
@@ -198,6 +202,7 @@ class Trainer:
     def _train_step(self) -> tuple[dict, list]:
         cfg, tc = self.cfg, self.cfg.train
         t0 = time.perf_counter()
+        peaks = PhasePeaks(self.state.compute_device, self.memory_plan)  # CUDA: mem/<phase>_peak_gib
         questions = self.sampler.next(tc.questions_per_step)
         share, tp = tc.questions_per_step // self.ctx.world_size, self._tp()
         mine = questions[self.ctx.rank * share : (self.ctx.rank + 1) * share]
@@ -210,16 +215,20 @@ class Trainer:
             if self.vllm is not None:  # its weights and KV cache are freed for the update; the push wakes it
                 self.vllm.sleep()
             t_rollout = time.perf_counter() - t0
+            peaks.mark("rollout")
             rb = trajectories_to_batch(trajs, self.tokenizer.pad_token_id)
             device = next(self.policy.parameters()).device
             ids, att, mask = (rb.input_ids_BT.to(device), rb.attention_mask_BT.to(device),
                               rb.loss_mask_BT.to(device))
-            if self.sampler_logprobs_are_old():
+            reuse = self.sampler_logprobs_are_old()
+            if reuse and not self.sampler_gap.needs_forward(self.step):
                 old = rb.old_logprobs_BT.to(device)  # the same quantity: one no-grad forward saved
             else:
                 old = batched_logprobs(self.policy, ids, att, micro_batch_size=mbs[0], max_tokens=mbs[1],
                                        temperature=temp, needed_BT=mask, packed=self.packed,
                                        shared_prefix=self.shared)
+                if reuse:  # a check step, or recomputing since a check found the gap too large
+                    metrics.update(self.sampler_gap.compare(rb.old_logprobs_BT, old, mask, self.step))
         group_ids, mask = self._leave_out_failed_searches(trajs, rb.group_ids, mask, metrics)
         rewards = assign_rewards(trajs, self.reward_fn)  # each trajectory's reward, also kept in t.reward
         metrics.update(reward_metrics(trajs, rewards))
@@ -231,6 +240,7 @@ class Trainer:
             with par.gathered(self.state.critic):
                 values = batched_values(self.state.critic, ids, att, micro_batch_size=mbs[0], max_tokens=mbs[1],
                                         packed=self.packed)
+        peaks.mark("logprob passes")  # old (unless the sampler's), reference, critic values
         scores = torch.tensor(rewards, dtype=torch.float32, device=device)
         adv, returns = compute_advantages(cfg.algo, scores, group_ids, mask, old_logprobs_BT=old,
                                           ref_logprobs_BT=ref, values_BT=values)
@@ -247,6 +257,7 @@ class Trainer:
                 norm_len=cfg.rollout.max_context_tokens, train_policy=not 0 < self.step <= tc.critic_warmup_steps,
                 packed=self.packed, shared_prefix=self.shared,
             ))
+        peaks.mark("update", "update", "optimizer step")
         if self.vllm is not None:  # the next rollout samples from the updated weights
             t_sync = time.perf_counter()
             self._sync_engine()
@@ -261,6 +272,7 @@ class Trainer:
             "perf/step_s": total,
             "perf/train_s": total - t_rollout,
             "perf/tokens_per_s": float(att.sum()) / max(total, 1e-9),
+            **peaks.figures,
         })
         metrics = reduce.reduce_metrics(metrics, world_size=self.ctx.world_size, question_ids=[q.id for q in mine])
         return metrics, trajs

@@ -225,18 +225,33 @@ def make_plan(cfg: Config, shape: ModelShape, *, world_size: int = 1, capacity: 
     if shape.chunked_head:
         from sleuth.train.chunked_head import chunk_positions  # lazy: only for chunked heads
 
-        chunk = min(chunk_positions(shape.vocab), tokens)
-        it["output layer"] = 2 * 4 * chunk * shape.vocab + 4 * tokens * shape.hidden
-        notes["output layer"] = "chunked, recomputed in backward"
+        chunk = min(chunk_positions(shape.vocab, device="cuda" if device.startswith("cuda") else "cpu"), tokens)
+        # two [C, V] float32 blocks, the saved hidden states, the weight cast once to the compute dtype, and
+        # when micro-batches accumulate, the weight gradient's float32 accumulator beside the gradient it
+        # is added into (for the first micro-batch it becomes that gradient)
+        head = shape.vocab * shape.hidden
+        rows_here = cfg.train.questions_per_step * rc.group_size // max(world_size, 1)
+        accumulates = rows_here > tc.micro_batch_size or rows_here * rc.max_context_tokens > tokens
+        it["output layer"] = (2 * 4 * chunk * shape.vocab + 4 * tokens * shape.hidden
+                              + (compute * head if compute != 4 else 0) + (4 * head if accumulates else 0))
+        notes["output layer"] = (f"chunked ({chunk} positions a block), recomputed in backward; its weight cast once"
+                                 + ("; a float32 weight-gradient accumulator" if accumulates else ""))
     else:
         it["output layer"] = 20.0 * tokens * shape.vocab
         notes["output layer"] = f"full logits, 20 B per token x {shape.vocab} vocabulary"
     rows = cfg.train.questions_per_step * rc.group_size // max(world_size, 1)
     gen_rows = min(rc.max_concurrent_rows or rows, rows)
     it["KV cache"] = gen_rows * rc.max_context_tokens * 2 * shape.layers * shape.kv_dim * compute
-    notes["KV cache"] = f"{gen_rows} rows x {rc.max_context_tokens} tokens generating at once"
-    plan.phases["rollout"] = (static + (gathered if fsdp else copy) + it["KV cache"],
-                              "static + " + ("gathered weights" if fsdp else "compute copy") + " + KV cache")
+    notes["KV cache"] = f"{gen_rows} rows x {rc.max_context_tokens} tokens generating at once, K and V in {mc.dtype}"
+    # HF backends, several rounds: each finished row's keys/values are copied out and kept for the next
+    # round's prefill (rollout/hf_cache.PrefixStore) while the batch's cache still holds every row; at
+    # the round boundary the store is still alive while the next round's buffers are assembled
+    it["prefix store"] = it["KV cache"] if rc.max_turns > 0 and rc.backend != "vllm" else 0.0
+    notes["prefix store"] = ("finished rows' keys/values kept for the next round (as large as the KV cache)"
+                             if it["prefix store"] else "none (one round, or vLLM)")
+    plan.phases["rollout"] = (static + (gathered if fsdp else copy) + it["KV cache"] + it["prefix store"],
+                              "static + " + ("gathered weights" if fsdp else "compute copy")
+                              + " + KV cache + prefix store")
     plan.phases["update"] = (static + copy + it["gradients"] + it["activations"] + it["output layer"]
                              + it.get("packed-row mask", 0.0),
                              "static + compute copy + gradients + activations + output layer"

@@ -43,13 +43,16 @@ def seed_everything(seed: int) -> None:
 
 
 def set_determinism(cfg: Config, ctx: DistContext) -> bool:
-    """``train.deterministic`` (None: True on CPU runs, False on GPUs); returns what was set."""
+    """``train.deterministic`` (None: True on CPU runs, False on GPUs) and, on a GPU, ``train.tf32``;
+    returns whether deterministic algorithms were set."""
     on_gpu = (ctx.enabled and torch.cuda.is_available()) or pick_device(cfg.model.device).type == "cuda"
     wanted = cfg.train.deterministic if cfg.train.deterministic is not None else not on_gpu
     if wanted and on_gpu:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS; before its first use
         torch.backends.cudnn.benchmark = False
     torch.use_deterministic_algorithms(wanted, warn_only=True)
+    if on_gpu:  # float32 products on TF32 tensor cores unless asked otherwise (train.tf32)
+        torch.set_float32_matmul_precision("high" if cfg.train.tf32 and not wanted else "highest")
     return wanted
 
 

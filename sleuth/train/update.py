@@ -210,6 +210,10 @@ def policy_update(
     lengths = batch.attention_mask_BT.sum(-1).tolist()
     lr = optimizer.param_groups[0]["lr"]  # the rate this update uses (the scheduler moves it after)
     critic_lr = critic_optimizer.param_groups[0]["lr"] if critic_optimizer is not None else None
+    # A grad pass begins: drop every cast the rollout and the no-grad passes left in autocast's cache.
+    # On torch builds before pytorch#165068 a cast made under no_grad was cached without its graph, and
+    # the first mini-batch reusing it gave no nn.Linear weight a gradient, silently (on one GPU).
+    torch.clear_autocast_cache()
     for _ in range(epochs):
         perm = torch.randperm(B, generator=gen).tolist() if mini_batches > 1 else list(range(B))
         for m in range(mini_batches):

@@ -27,6 +27,7 @@ def _cfg(dtype="float32", rows=2, length=256, **train):
     cfg.model.dtype = dtype
     cfg.train.micro_batch_size = rows
     cfg.train.max_tokens_per_micro_batch = rows * length
+    cfg.rollout.max_context_tokens = length  # rows of `length` tokens: one micro-batch holds the step's rows
     cfg.train.questions_per_step, cfg.rollout.group_size = 1, rows
     for k, v in train.items():
         setattr(cfg.train, k, v)
@@ -148,6 +149,7 @@ def test_the_rollout_phase_of_a_tiny_llama_within_25_percent():
     cfg = _cfg("float32", rows, context)
     cfg.rollout.max_context_tokens, cfg.rollout.group_size = context, rows
     cfg.algo.kl_coef = 0.0  # no reference copy in this measurement
+    cfg.rollout.max_turns = 0  # one generate call, as measured: no prefix store kept for a next round
     plan = make_plan(cfg, ModelShape.from_config(model.config))
     measured = _measured_rollout_peak(model, rows, context)
     assert plan.rollout == pytest.approx(measured, rel=0.25), (plan.rollout, measured, plan.table())
@@ -196,7 +198,16 @@ def test_offload_and_fsdp_phases_by_hand():
     assert plain.items["AdamW state"] == 8 * P / N and plain.items["reference"] == 2 * P / N
     assert plain.items["gathered weights"] == 4 * P * 3 / 4 + 2 * P  # float32 all-gathered + its bf16 copy
     static = (4 + 8 + 2) * P / N
-    assert plain.rollout == static + 4 * P * 3 / 4 + 2 * P + plain.items["KV cache"]
+    # several rounds: the prefix store holds every finished row's keys/values beside the batch's cache
+    assert plain.items["prefix store"] == plain.items["KV cache"]
+    assert plain.rollout == static + 4 * P * 3 / 4 + 2 * P + 2 * plain.items["KV cache"]
+    solo_cfg = _cfg("bfloat16", rows=2, length=256)
+    solo = make_plan(solo_cfg, shape)  # 2 rows x 256 context tokens x K and V x 10 layers x 256 x bf16
+    assert solo.items["prefix store"] == solo.items["KV cache"] == 2 * 256 * 2 * 10 * 256 * 2
+    solo_cfg.rollout.max_turns = 0
+    assert make_plan(solo_cfg, shape).items["prefix store"] == 0
+    solo_cfg.rollout.max_turns, solo_cfg.rollout.backend = 4, "vllm"
+    assert make_plan(solo_cfg, shape).items["prefix store"] == 0
     assert plain.phases["reference pass"][0] == static + 2 * P * 3 / 4  # the reference gathered
     assert plain.phases["optimizer step"][0] == static + 4 * P / N + 4 * P / N  # gradients + AdamW temporaries
     assert plain.items["compute copy"] == 2 * P  # no checkpointing: every block's casts saved for backward
@@ -232,3 +243,19 @@ def test_sleuth_train_plan_prints_and_a_run_that_cannot_fit_is_refused_before_lo
     assert "memory plan expects a peak" in err and "train.grad_checkpointing=true" in err
     assert not (tmp_path / "run" / "checkpoints").exists()
     assert main(["train", "--plan"]) == 0 and "expected peak" in capsys.readouterr().out
+
+
+def test_the_chunked_output_layer_term_by_hand():
+    """SmolLM2's shape in bf16: two [C, V] float32 blocks (C = 170 positions on a CPU, 2,730 on a GPU),
+    the saved [N, H] hidden states, the weight cast once to bf16, and, when micro-batches accumulate,
+    the weight gradient's float32 accumulator."""
+    shape = ModelShape(params=134_515_008, layers=30, hidden=576, intermediate=1536, kv_dim=192, heads=9,
+                       head_dim=64, vocab=49152, chunked_head=True)
+    cfg = _cfg("bfloat16", rows=4, length=1024)
+    V, H, N = 49152, 576, 4 * 1024
+    one = make_plan(cfg, shape)
+    assert one.items["output layer"] == 2 * 4 * 170 * V + 4 * N * H + 2 * V * H
+    gpu = make_plan(cfg, shape, device="cuda:NVIDIA H100 80GB HBM3")
+    assert gpu.items["output layer"] == 2 * 4 * 2730 * V + 4 * N * H + 2 * V * H
+    cfg.train.questions_per_step = 2  # 8 rows, micro-batches of 4: the gradient accumulates
+    assert make_plan(cfg, shape).items["output layer"] == one.items["output layer"] + 4 * V * H

@@ -196,10 +196,18 @@ def test_sampled_rollouts_replay_with_the_same_seed(tok, taught):
 def test_cuda_greedy_matches_cpu(tok, model):
     prompts = prompts_of(tok)
     params = SamplingParams(max_new_tokens=16, greedy=True)
-    cpu = HFBackend(model, tok).generate(prompts, params)
     gpu_model = tiny_model(tok, seed=0).cuda()
     gpu = HFBackend(gpu_model, tok).generate(prompts, params)
-    assert [r.token_ids for r in gpu] == [r.token_ids for r in cpu]
+    # float32 on two devices rounds differently: where CPU's top two tokens nearly tie, the GPU may take
+    # the other. Every GPU token must be a CPU argmax to rounding, given the GPU's own earlier tokens.
+    for prompt, g in zip(prompts, gpu):
+        assert len(g.token_ids) > 0
+        ids = torch.tensor([prompt + g.token_ids])
+        with torch.no_grad():
+            logp = torch.log_softmax(model(input_ids=ids).logits[0].float(), dim=-1)
+        for j, token in enumerate(g.token_ids):
+            row = logp[len(prompt) + j - 1]
+            assert float(row[token]) >= float(row.max()) - 1e-3, (j, token, int(row.argmax()))
     sampled = HFBackend(gpu_model, tok).generate(prompts, SamplingParams(max_new_tokens=8), seeds=[1, 2, 3])
     assert all(len(r.token_ids) > 0 for r in sampled)
 

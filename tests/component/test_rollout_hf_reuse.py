@@ -157,6 +157,34 @@ def test_shared_prefix_generation_runs_under_bf16_autocast(tok, taught):
     assert all(r.token_ids for r in fast)
 
 
+def test_under_bf16_autocast_the_rollout_cache_holds_bf16_keys_and_gives_the_same_tokens(tok, taught):
+    """The training rollout's configuration (float32 weights, bf16 autocast): the slot cache and the
+    session's stored prefixes hold keys in bf16 like the values, and the tokens and logprobs equal
+    those of plain DynamicCache decoding (float32 keys, cast to bf16 by attention)."""
+    from sleuth.rollout import hf_cache
+
+    made = []
+    real = hf_cache.SlotLayer._allocate
+    prompts = [tok(s)["input_ids"] for s in ("Who sang the song?", "The river", "Where does the roadrunner live?")]
+    params = SamplingParams(max_new_tokens=12, greedy=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        backend = HFBackend(taught, tok)
+        hf_cache.SlotLayer._allocate = lambda self, like, dtype=None: (real(self, like, dtype),
+                                                                       made.append((self.k_buf.dtype, self.v_buf.dtype)))
+        try:
+            with backend.session():
+                fast = backend.generate(prompts, params)
+                stored = [kv for d in backend._store._by_len.values() for kv in d.values()]
+        finally:
+            hf_cache.SlotLayer._allocate = real
+        plain = HFBackend(taught, tok, reuse_prefix=False).generate(prompts, params)
+    assert made and set(made) == {(torch.bfloat16, torch.bfloat16)}
+    assert stored and {k.dtype for kv in stored for k, _ in kv} == {torch.bfloat16}
+    assert [r.token_ids for r in fast] == [r.token_ids for r in plain]
+    for x, y in zip(fast, plain):
+        assert torch.allclose(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-2)
+
+
 def test_session_keeps_rows_only_inside_and_only_until_the_next_call(tok, taught):
     backend, params = HFBackend(taught, tok), SamplingParams(max_new_tokens=3, greedy=True)
     prompt = tok("Who sang the song?")["input_ids"]

@@ -168,3 +168,94 @@ def test_eval_backend_hf_static_gives_the_hf_rows(world, tmp_path):  # noqa: F81
     rows = {b: (tmp_path / b / "trajectories.jsonl").read_text().splitlines() for b in ("hf", "st")}
     assert len(rows["hf"]) == 4 and rows["hf"] == rows["st"]
     assert json.loads((tmp_path / "st" / "setting.json").read_text())["backend"] == "hf_static"
+
+
+def _graphs() -> int:
+    """FX graphs dynamo has produced (``bench/gpu_decode_compile.py`` counts the same): one per compile
+    of the step when it has no graph break."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
+def _calls(backend, calls):
+    """Run ``(prompts, cap)`` calls (greedy, the search_r1 stops) on ``backend``; the last two in one session,
+    the second of them a next agent round (each row's prompt + its tokens + an observation). Returns per call
+    the results, the FX graphs compiled, the K/V buffers the step saw ``(k ptr, v ptr, shape)``, the cached
+    prefix lengths the prefill found and how many rows the session's store held then."""
+    params = SamplingParams(max_new_tokens=16, greedy=True, stop=("</search>", "</answer>"))
+    obs = backend.tokenizer(" <information> Paris is in France </information>")["input_ids"]
+    step, find, seen, hits = getattr(backend, "_step", None), backend._cached_prefixes, [], []
+    if step is not None:  # hf_static
+        backend._step = lambda *a: seen.append({(lay.k_buf.data_ptr(), lay.v_buf.data_ptr(), tuple(lay.k_buf.shape))
+                                                for lay in a[3].layers}) or step(*a)  # fmt: skip
+    backend._cached_prefixes = lambda p: hits.append((len(backend._store or ()), [n for n, _ in find(p)])) or find(p)
+    out = []
+
+    def call(prompts, cap):
+        seen.clear()
+        before = _graphs()
+        res = backend.generate(prompts, params, max_new_tokens=[cap] * len(prompts))
+        bufs = set().union(*seen) if seen else set()
+        out.append(([(r.token_ids, r.finish_reason) for r in res], _graphs() - before, bufs, *hits[-1][::-1]))
+        return res
+
+    for prompts, cap in calls[:-2]:
+        call(prompts, cap)
+    with backend.session():
+        (prompts, cap), (_, cap2) = calls[-2:]
+        first = call(prompts, cap)
+        call([p + r.token_ids + obs for p, r in zip(prompts, first)], cap2)
+    if step is not None:
+        backend._step = step
+    backend._cached_prefixes = find
+    return out
+
+
+def test_compiled_step_compiles_once_per_bucket_and_keeps_its_kv_pool(tok, taught):  # noqa: F811
+    """Review item 1: shapes that change the way training changes them (a prompt one token longer, a cap one
+    higher, one more row, a next agent round reusing the session's prefixes) stay in one bucket (batch 4,
+    width 256): one compile, the same K/V buffers (addresses) every call. A larger bucket (5 rows: batch 8)
+    compiles once more; going back to batch 4 compiles nothing and views the grown pool from its start.
+    Greedy outputs, rows padded into the bucket included, equal ``hf``'s and eager hf_static's."""
+    torch._dynamo.reset()
+    qs = [tok(q.text)["input_ids"] for q in QUESTIONS]
+    three, more = qs[:3], [p + [p[-1]] for p in qs[:3]]
+    calls = [(three, 12), (more, 12), (more, 13), (qs[:5], 12), (qs[:3], 12), (qs[:4], 13), (None, 12)]
+    got = _calls(StaticHFBackend(taught, tok, compile=True, compile_backend="eager", sync_every=4), calls)
+    for ref in (_calls(HFBackend(taught, tok), calls), _calls(StaticHFBackend(taught, tok, sync_every=4), calls)):
+        assert [g[0] for g in got] == [r[0] for r in ref]
+    assert {reason for g in got for _, reason in g[0]} >= {"stop", "length"}
+    graphs = [g[1] for g in got]
+    assert graphs[0] >= 1 and graphs == [graphs[0], 0, 0, graphs[0], 0, 0, 0], graphs
+    bufs = [g[2] for g in got]
+    assert all(len(b) == len(taught.model.layers) for b in bufs)  # one buffer pair per layer in each call
+    assert {s[2][:3:2] for b in bufs for s in b} == {(4, 256), (8, 256)}
+    assert bufs[0] == bufs[1] == bufs[2] and {s[2][0] for s in bufs[0]} == {4}  # batch 4: 3 rows + 1 dummy
+    assert {s[2][0] for s in bufs[3]} == {8} and {s[:2] for s in bufs[4]} == {s[:2] for s in bufs[3]}
+    assert bufs[4] == bufs[5] == bufs[6]
+    assert got[6][3] == [len(p) + len(t) - 1 for p, (t, _) in zip(qs[:4], got[5][0])]  # the round reused its rows
+    assert got[6][4] == 4 and all(n == 0 for g in got[:6] for n in g[3])  # the 4 real rows stashed, no dummy
+
+
+def test_compiled_sampling_of_a_row_does_not_depend_on_the_bucket_padding(tok, taught):  # noqa: F811
+    """A row sampled in a batch of 3 (padded to 4), of 5 (padded to 8) and alone (batch 1) gives the same
+    tokens, compiled or not: its uniforms depend on its seed and step only."""
+    torch._dynamo.reset()
+    compiled = StaticHFBackend(taught, tok, compile=True, compile_backend="eager", sync_every=3)
+    eager = StaticHFBackend(taught, tok, sync_every=3)
+    qs = [tok(q.text)["input_ids"] for q in QUESTIONS]
+    params = SamplingParams(max_new_tokens=10, temperature=1.3, top_p=0.9)
+    seeds = [11, 12, 13, 14, 15]
+    for backend in (compiled, eager):
+        three = backend.generate(qs[:3], params, seeds=seeds[:3])
+        five = backend.generate(qs, params, seeds=seeds)
+        alone = backend.generate(qs[1:2], params, seeds=[12])
+        assert [r.token_ids for r in three] == [r.token_ids for r in five[:3]]
+        assert three[1].token_ids == alone[0].token_ids
+        assert three[1].logprobs == pytest.approx(alone[0].logprobs, abs=1e-5)
+        if backend is compiled:
+            want = [(r.token_ids, r.finish_reason) for r in five]
+        else:
+            assert [(r.token_ids, r.finish_reason) for r in five] == want
+    assert len({tuple(t) for t, _ in want}) == 5 and all(len(t) > 1 for t, _ in want)

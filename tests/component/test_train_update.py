@@ -326,3 +326,43 @@ def test_under_bf16_autocast_every_mini_batch_runs_on_the_updated_weights():
         fresh = token_logprobs(pol, ids, att)[0].detach()
     assert metrics["algo/optimizer_steps"] == 2 and metrics["algo/ratio_max"] > 1.0  # mini-batch 2 saw step 1
     assert torch.equal(inside, fresh) and not torch.equal(inside, before)
+
+
+def test_a_grad_pass_after_no_grad_passes_under_one_autocast_trains_every_linear(monkeypatch):
+    """The trainer's nesting: the step's autocast (cache on) holds the rollout and the no-grad
+    logprob pass, then the update's grad pass. On torch builds before pytorch#165068 a cast made
+    under no_grad was cached without its graph and the first mini-batch gave no nn.Linear a
+    gradient; policy_update clears the cache where its grad pass begins (spied here, since torch
+    2.13 no longer shows the failure), and every Linear weight gets a non-zero gradient."""
+    from sleuth.models import compute_autocast
+
+    tok = tiny_tokenizer()
+    ids, att, loss_mask = _batch(tok)
+    pol = tiny_model(tok, seed=1).train()
+    opt = torch.optim.SGD(pol.parameters(), lr=0.0)
+    grads = {}
+    real_step = opt.step
+
+    def step(*a, **k):  # the gradients as the optimizer sees them
+        grads.update({n: p.grad for n, p in pol.named_parameters()})
+        return real_step(*a, **k)
+
+    monkeypatch.setattr(opt, "step", step)
+    cleared = []
+    real_clear = torch.clear_autocast_cache
+    monkeypatch.setattr(torch, "clear_autocast_cache", lambda: (cleared.append(len(grads)), real_clear()))
+    adv = loss_mask.float() * torch.tensor([[1.0], [-1.0], [1.0], [-1.0]])
+    with compute_autocast("bfloat16", "cpu"):
+        with torch.no_grad():
+            old = batched_logprobs(pol, ids, att, micro_batch_size=4)
+        with compute_autocast("bfloat16", "cpu"):
+            policy_update(pol, opt, UpdateBatch(ids, att, loss_mask, adv, old), AlgoConfig(kl_coef=0.0),
+                          micro_batch_size=2, grad_clip=None)
+    assert cleared and cleared[0] == 0  # cleared before the first forward with grad (no step yet)
+    linears = [n for n, m in pol.named_modules() if isinstance(m, torch.nn.Linear)]
+    assert linears
+    for name in linears:
+        g = grads.get(f"{name}.weight")
+        if g is None and name == "lm_head" and pol.config.tie_word_embeddings:
+            g = grads["model.embed_tokens.weight"]
+        assert g is not None and bool(g.abs().sum() > 0), name

@@ -99,6 +99,39 @@ def test_bad_shapes_and_temperature_are_named():
     assert chunk_positions(49152) == 170 and chunk_positions(10**9) == 1
 
 
+def test_on_a_gpu_chunks_are_sized_by_bytes_for_its_tensor_cores():
+    """512 MB float32 blocks on CUDA: 2,730 positions at SmolLM2's 49k vocabulary, 883 at Qwen's 152k
+    (55 at the CPU's 32 MB)."""
+    assert chunk_positions(49152, device="cuda") == (1 << 27) // 49152 == 2730
+    assert chunk_positions(151936, device=torch.device("cuda", 0)) == 883
+    assert chunk_positions(151936) == chunk_positions(151936, device="cpu") == 55
+
+
+def test_the_weight_is_cast_to_the_compute_dtype_once_per_pass_not_per_chunk():
+    """Under bf16 autocast with a float32 weight, forward casts the [V, H] weight once and backward
+    once, whatever the number of chunks (it was three casts per chunk: HBM traffic of ~6 V H bytes per
+    chunk on a GPU). Each chunk's bf16 weight gradient still goes into the float32 accumulator (CPUs
+    have no bf16 x bf16 -> float32 addmm); on a GPU the larger chunks make those few."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    h, W, b, tokens = _inputs(N=40, H=6, V=13, bias=False, dtype=torch.float32)
+    casts = []
+
+    class Casts(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if (func is torch.ops.aten._to_copy.default and tuple(args[0].shape) == tuple(W.shape)
+                    and args[0].dtype == torch.float32):  # the weight to bf16 (not a gradient block to float32)
+                casts.append(kwargs.get("dtype"))
+            return func(*args, **kwargs)
+
+    with torch.autocast("cpu", dtype=torch.bfloat16), Casts():
+        lp, ent = chunked_head_logprobs(h, W, None, tokens, chunk=4)  # 10 chunks
+        (lp.sum() + ent.sum()).backward()
+    assert casts == [torch.bfloat16, torch.bfloat16]
+    assert W.grad is not None and W.grad.dtype == torch.float32 and bool(W.grad.abs().sum() > 0)
+
+
 def test_scoring_head_swaps_the_output_layer_for_one_call_and_puts_back_what_was_there():
     from sleuth.train.chunked_head import scoring_head
 

@@ -23,3 +23,25 @@ def test_interleave_refuses_shards_of_the_wrong_sizes():
 
 def test_all_gather_objects_in_one_process_is_the_object():
     assert par.all_gather_objects({"rows": [1]}, world_size=1) == [{"rows": [1]}]
+
+
+def test_a_gpu_rank_sets_its_device_before_nccl_joins(monkeypatch):
+    """Under torchrun each rank binds its own GPU before the process group exists, and NCCL gets that
+    device (else every rank's first NCCL context lands on GPU 0). A GPU is faked."""
+    import torch
+    import torch.distributed as dist
+
+    from sleuth.train import distributed
+
+    calls = []
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(("set_device", d)))
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda **kw: calls.append(("init", kw)))
+    monkeypatch.setattr(dist, "get_rank", lambda: 1)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 2)
+    ctx = distributed.init_distributed()
+    assert (ctx.rank, ctx.world_size, ctx.local_rank) == (1, 2, 1)
+    assert calls == [("set_device", 1), ("init", {"backend": "nccl", "device_id": torch.device("cuda", 1)})]

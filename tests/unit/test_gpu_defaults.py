@@ -82,3 +82,27 @@ def test_a_resumed_eval_keeps_the_dtype_it_ran_in(monkeypatch, tmp_path):
     assert resolve_dtype(argparse.Namespace(dtype="auto", device="auto"), tmp_path) == "float32"
     assert resolve_dtype(argparse.Namespace(dtype="auto", device="auto"), tmp_path / "new") == "bfloat16"
     assert resolve_dtype(argparse.Namespace(dtype="float16", device="auto"), tmp_path) == "float16"  # asked
+
+
+def test_float32_products_use_tf32_on_gpus_unless_deterministic_or_turned_off(monkeypatch, restore_determinism):
+    import sleuth.train.state as state
+
+    before = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")
+        cfg = Config()
+        cfg.model.device = "cpu"
+        set_determinism(cfg, DistContext())
+        assert torch.get_float32_matmul_precision() == "highest"  # CPU: untouched
+        monkeypatch.setattr(state, "pick_device", lambda device="auto": torch.device("cuda"))
+        cfg.model.device = "auto"
+        set_determinism(cfg, DistContext())
+        assert torch.get_float32_matmul_precision() == "high"  # TF32 tensor cores
+        cfg.train.tf32 = False
+        set_determinism(cfg, DistContext())
+        assert torch.get_float32_matmul_precision() == "highest"
+        cfg.train.tf32, cfg.train.deterministic = True, True
+        set_determinism(cfg, DistContext())
+        assert torch.get_float32_matmul_precision() == "highest"  # reproducible runs keep full float32
+    finally:
+        torch.set_float32_matmul_precision(before)

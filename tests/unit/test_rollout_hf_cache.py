@@ -44,13 +44,23 @@ def test_assemble_right_aligns_prefixes_and_writes_shared_ones_once():
     assert assemble([None, None], [0, 0], capacity=4) is None
 
 
-def test_assemble_keeps_keys_and_values_in_their_own_dtypes():
-    """Under bf16 autocast with float32 weights a layer's keys are float32 (after the rotary
-    embedding) and its values bf16: each buffer takes its own dtype (it used to take the keys')."""
+def test_assemble_and_slot_layers_keep_keys_in_the_values_dtype():
+    """Under bf16 autocast with float32 weights a layer's keys leave the rotary embedding in float32
+    and its values leave v_proj in bf16; attention casts the keys to bf16 anyway, so the cache keeps
+    them in bf16: half the bytes of float32 keys, and no cast of the whole key cache per decode step
+    (the memory plan counts K and V in the compute dtype)."""
     prefix = [(torch.ones(1, 2, 2), torch.ones(1, 2, 2, dtype=torch.bfloat16))]
     (k_BHWD, v_BHWD), = assemble([prefix, prefix, None], [2, 2, 0], capacity=4)  # fmt: skip
-    assert k_BHWD.dtype == torch.float32 and v_BHWD.dtype == torch.bfloat16
-    assert v_BHWD[:2, 0, :2].float().eq(1).all() and not v_BHWD[2].any()
+    assert k_BHWD.dtype == v_BHWD.dtype == torch.bfloat16
+    assert v_BHWD[:2, 0, :2].float().eq(1).all() and not v_BHWD[2].any() and k_BHWD[:2, 0, :2].float().eq(1).all()
+    layer = SlotLayer(capacity=4)
+    keys = torch.randn(2, 1, 3, 4)
+    k, v = layer.update(keys, torch.randn(2, 1, 3, 4).bfloat16())
+    assert layer.k_buf.dtype == layer.v_buf.dtype == k.dtype == torch.bfloat16
+    assert torch.equal(k, keys.bfloat16())  # the cast attention would make
+    layer.static_slot = torch.tensor([3])  # hf_static's in-place write casts too
+    layer.update(torch.ones(2, 1, 1, 4), torch.ones(2, 1, 1, 4).bfloat16())
+    assert layer.k_buf[:, :, 3].float().eq(1).all()
 
 
 def test_slot_layer_equals_dynamic_layer():

@@ -1,0 +1,35 @@
+"""mem/<phase>_peak_gib: each phase's own peak (the counter reset between phases) beside the plan's
+figure; nothing on CPU. CUDA's counters are faked."""
+
+import pytest
+import torch
+
+from sleuth.train.memory_plan import MemoryPlan
+from sleuth.train.phase_memory import PhasePeaks
+
+pytestmark = pytest.mark.unit
+
+
+def test_nothing_is_recorded_on_cpu():
+    peaks = PhasePeaks(torch.device("cpu"))
+    peaks.mark("rollout")
+    assert peaks.figures == {}
+
+
+def test_each_phase_gets_its_own_peak_and_the_plans_figure(monkeypatch):
+    gib = 2**30
+    state = {"peak": 0, "resets": 0}
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda d=None: state.update(peak=0, resets=state["resets"] + 1))
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda d=None: state["peak"])
+    plan = MemoryPlan(phases={"rollout": (3 * gib, ""), "update": (5 * gib, ""), "optimizer step": (6 * gib, "")})
+    peaks = PhasePeaks(torch.device("cuda"), plan)
+    assert state["resets"] == 1
+    state["peak"] = 4 * gib
+    peaks.mark("rollout")
+    peaks.mark("logprob passes")  # nothing allocated since the reset; no plan phase of that name
+    state["peak"] = 7 * gib
+    peaks.mark("update", "update", "optimizer step")  # the larger of the two planned phases
+    assert peaks.figures == {"mem/rollout_peak_gib": 4.0, "mem/rollout_plan_gib": 3.0,
+                             "mem/logprob_passes_peak_gib": 0.0,
+                             "mem/update_peak_gib": 7.0, "mem/update_plan_gib": 6.0}
+    assert state["resets"] == 4
