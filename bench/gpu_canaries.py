@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import copy
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -51,8 +52,10 @@ from gpu_common import (  # noqa: E402
     add_model_arg,
     free_memory,
     load_bench_model,
+    partial,
     report,
     resolve_device,
+    synchronize,
 )
 
 from sleuth.algo.aggregate import masked_mean  # noqa: E402
@@ -270,12 +273,15 @@ def env_facts(dev) -> dict:
 
 def run_canary(fn, model, tok, dev, sizes) -> dict:
     """One canary's row: name first, pass, figures; an exception is a failure with its message."""
+    t0 = time.perf_counter()
     try:
         figures = fn(model, tok, dev, sizes)
         row = {"name": fn.__name__, "pass": figures.pop("pass")}
         row.update(figures)
     except Exception as e:  # recorded, never hidden: the canary fails
         row = {"name": fn.__name__, "pass": False, "error": f"{type(e).__name__}: {e}"[:500]}
+    synchronize(dev)
+    row["seconds"] = round(time.perf_counter() - t0, 2)
     free_memory(dev)
     return row
 
@@ -286,13 +292,18 @@ def main(argv=None) -> int:
     add_model_arg(ap)
     ap.add_argument("--backend", default="hf", choices=["hf", "hf_static"], help="the rollout backend (uncompiled)")
     args = ap.parse_args(argv)
+    t_start = time.perf_counter()
     dev = resolve_device(args.device)
     result = env_facts(dev)
     model, tok, label = load_bench_model(args.model, dev, tiny=args.tiny)
+    result["load_s"] = round(time.perf_counter() - t_start, 2)
     model.eval()
     sizes = dict(SIZES["tiny" if args.tiny else "full"], backend=args.backend)
     result.update(model=label, backend=args.backend, compute_dtype=DT, param_dtype=str(next(model.parameters()).dtype))
-    result["canaries"] = [run_canary(fn, model, tok, dev, sizes) for fn in CANARIES]
+    result["canaries"] = []
+    for fn in CANARIES:
+        result["canaries"].append(run_canary(fn, model, tok, dev, sizes))
+        partial(result, t_start)
     result["all_pass"] = all(c["pass"] is not False for c in result["canaries"])
     report(result, args.json)
     return 0

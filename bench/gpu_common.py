@@ -175,3 +175,12 @@ def load_bench_model(spec: str, device: torch.device, tiny: bool = False, seed: 
 
     model, tokenizer = load_policy(spec, dtype="float32", device=str(device))
     return model, tokenizer, spec
+
+
+def partial(result: dict, t0: float) -> None:
+    """The summary so far, marked partial, on stderr: a step killed by its timeout still leaves its
+    figures (the GPU check reads a step's last JSON line) and where the time went (``elapsed_s``)."""
+    import sys
+
+    print(json.dumps({**result, "partial": True, "elapsed_s": round(time.perf_counter() - t0, 2)}, default=str),
+          file=sys.stderr, flush=True)

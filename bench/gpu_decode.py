@@ -53,6 +53,7 @@ import contextlib
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -63,7 +64,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 from gpu_common import (  # noqa: E402
-    add_common_args, add_model_arg, device_spec, free_memory, load_bench_model, report, resolve_device, timed)
+    add_common_args, add_model_arg, device_spec, free_memory, load_bench_model, partial, report, resolve_device,
+    timed)
 from gpu_decode_compile import churn_probe, compiled_fixed, compiled_static, error_text  # noqa: E402
 from gpu_decode_traffic import step_bytes  # noqa: E402
 
@@ -147,8 +149,9 @@ def add_limits(row: dict, bw_tbs: float | None, traffic: dict, mean_ctx: float) 
             row[f"{engine}_bandwidth_fraction_recast"] = row[key] / row["limit_recast_tokens_per_s"]
 
 
-def measure_rows(model, prompts_by_b, args, ctx, failed: list) -> list[dict]:
-    """One row per batch size: each engine's rate and step time, in its own try block."""
+def measure_rows(model, prompts_by_b, args, ctx, failed: list, progress=None) -> list[dict]:
+    """One row per batch size: each engine's rate and step time, in its own try block; ``progress(rows)``
+    after each engine's figure (a timeout keeps what was measured)."""
     device, runners = next(model.parameters()).device, row_runners(args)
     rows = []
     for b, prompts in prompts_by_b.items() if runners else ():
@@ -162,6 +165,8 @@ def measure_rows(model, prompts_by_b, args, ctx, failed: list) -> list[dict]:
                 row[f"{engine}_error"] = error_text(e)
                 failed.append(f"{engine}@{b}")
                 free_memory(device)
+            if progress is not None:
+                progress(rows + [row])
         for a, ref in (("hf_static", "hf"), ("hf", "generate")):
             if f"{a}_tokens_per_s" in row and f"{ref}_tokens_per_s" in row:
                 row[f"{a}_vs_{ref}"] = row[f"{a}_tokens_per_s"] / row[f"{ref}_tokens_per_s"]
@@ -232,6 +237,7 @@ def parse_args(argv):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    t_start = time.perf_counter()
     device = resolve_device(args.device)
     batches = [int(b) for b in args.batch_sizes.split(",")]
     model, _, label = load_bench_model(args.model, device, tiny=args.tiny)
@@ -250,8 +256,8 @@ def main(argv: list[str] | None = None) -> int:
               "prompt_len": args.prompt_len, "new_tokens": args.new_tokens, "bandwidth_goal": BANDWIDTH_GOAL,
               "engines": sorted(args.engines), "failed": failed}
 
-    def partial():
-        print(json.dumps({**result, "partial": True}, default=str), file=sys.stderr, flush=True)
+    def emit():
+        partial(result, t_start)
 
     mean_ctx = args.prompt_len + args.new_tokens / 2
     traffic = step_bytes(model, ctx, args.dtype if args.autocast else None, context=max(int(mean_ctx), 1))
@@ -259,11 +265,12 @@ def main(argv: list[str] | None = None) -> int:
     g = torch.Generator().manual_seed(0)
     prompts_by_b = {b: torch.randint(0, model.config.vocab_size, (b, args.prompt_len), generator=g).tolist()
                     for b in batches}
-    rows = measure_rows(model, prompts_by_b, args, ctx, failed)
+    rows = measure_rows(model, prompts_by_b, args, ctx, failed,
+                        progress=lambda so_far: (result.update(rows=so_far), emit()))
     for row in rows:
         add_limits(row, spec["bandwidth_tbs"], traffic, mean_ctx)
     result["rows"] = rows
-    partial()
+    emit()
     if args.compiled_fixed:
         try:
             result.update(compiled_fixed(model, args.compiled_fixed, args.prompt_len, args.new_tokens,
@@ -278,11 +285,11 @@ def main(argv: list[str] | None = None) -> int:
             result["compiled_error"] = error_text(e)
             failed.append("compiled_fixed")
             free_memory(device)
-        partial()
+        emit()
     if args.churn:
         try:
             result.update(churn_probe(model, args.churn, batches[0], args.prompt_len, args.new_tokens,
-                                      args.compile_backend, ctx, progress=lambda s: (result.update(s), partial())))
+                                      args.compile_backend, ctx, progress=lambda s: (result.update(s), emit())))
             if result["churn_failed_calls"]:
                 failed.append("churn")
         except Exception as e:

@@ -64,6 +64,7 @@ from gpu_common import (  # noqa: E402
     add_common_args,
     add_model_arg,
     device_spec,
+    partial,
     free_memory,
     load_bench_model,
     num_params,
@@ -313,7 +314,10 @@ def main(argv: list[str] | None = None) -> int:
     result.update(params=bench.n_params, layers=bench.layers, hidden=bench.hidden, vocab=bench.vocab,
                   layout=[n for _, n in (TINY_LAYOUT if args.tiny else RECIPE)], tokens_per_row=bench.ids.shape[1],
                   tokens=bench.tokens, trained_tokens=int(bench.mask.sum()), **plan)
-    result["arms"] = [run_arm(bench, name) for name in args.arms]
+    result["arms"] = []
+    for name in args.arms:
+        result["arms"].append(run_arm(bench, name))
+        partial(result, t_start)
     losses = [r["first_step_loss"] for r in result["arms"] if r["status"] == "ok"]
     if len(losses) == 2:  # the same first update, whole rows or shared prefixes: equal to rounding
         result["first_step_loss_abs_diff"] = abs(losses[0] - losses[1])

@@ -39,10 +39,11 @@ class SamplerGap:
                 step: int) -> dict[str, float]:
         """The gap at the trained tokens of one step; switches to recomputing when it is too large."""
         out = {"train/old_logprobs_recomputed": float(self.recompute)}
-        m = mask_BT.bool()
+        dev = trainer_BT.device  # the rollout's logprobs come from the CPU batch, the trainer's are on its device
+        m = mask_BT.to(dev).bool()
         if not bool(m.any()):
             return out
-        d = (trainer_BT[m].float() - sampler_BT[m].to(trainer_BT.device).float())
+        d = trainer_BT[m].float() - sampler_BT.to(dev)[m].float()
         gap = d.abs()
         out.update({"rollout/sampler_gap_mean": float(gap.mean()), "rollout/sampler_gap_max": float(gap.max()),
                     "rollout/sampler_ratio_dev_max": float((d.exp() - 1).abs().max())})
