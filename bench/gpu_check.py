@@ -58,9 +58,9 @@ def steps(model: str, real: bool, dry: bool, work: Path) -> list[Step]:
         Step("canaries", bench("gpu_canaries.py", "--model", model, *tiny), 75, 20,
              "Linear grads after no-grad passes; master weights move at lr 1e-6; K/V dtypes vs the plan; "
              "sampler vs trainer logprobs; reference KL at step 0", ["all_pass"]),
-        Step("trainer_step", bench("gpu_trainer_step.py", "--model", model, *tiny,
+        Step("trainer_step", bench("gpu_trainer_step.py", "--model", model, "--profile", *tiny,
                                    *(["--rows", "16", "--group-size", "4", "--micro-batch-size", "8",
-                                      "--max-tokens", "4096", "--repeats", "1"] if dry else [])), 100, 30,
+                                      "--max-tokens", "4096"] if dry else []), "--repeats", "1"), 100, 30,
              "Sleuth's reference pass + policy_update, 256 recipe rows, share_prefix off/on: s, MFU, peak vs plan"),
         Step("recipe", recipe, 150, 60, "2 GRPO steps of configs/smollm2_nq_gpu.yaml, 64 questions x 8",
              needs_weights=not dry),
@@ -149,7 +149,9 @@ def run_step(step: Step, left: float, log, env: dict) -> dict:
 # per step, the figures of its JSON summary the table shows (fnmatch patterns over flattened keys)
 SHOW = {
     "trainer_step": ["arms.*.arm", "arms.*.status", "arms.*.update_s", "arms.*.mfu", "arms.*.mfu_measured_peak",
-                     "arms.*.measured_update_gib", "arms.*.plan_update_gib", "arms.*.update_gib_ratio"],
+                     "arms.*.measured_update_gib", "arms.*.plan_update_gib", "arms.*.update_gib_ratio",
+                     "arms.*.profile.device_ms_total", "arms.*.profile.host_ms_total",
+                     "arms.*.profile.by_host_time.0.op"],
     "decode": ["key_dtype", "rows.*.batch", "rows.*.hf_tokens_per_s", "rows.*.hf_static_tokens_per_s",
                "rows.*.hf_bandwidth_fraction", "rows.*.hf_static_bandwidth_fraction", "failed"],
     "retrieval": ["torch_qps", "baseline", "baseline_qps", "speedup_vs_baseline", "recall_vs_baseline"],

@@ -199,6 +199,26 @@ class Bench:
               f"{out['update_s']:.3f} s, loss {out['loss']:.4g}", file=sys.stderr, flush=True)  # progress, for logs
         return out
 
+    def profiled_step(self, opt, shared: bool, top: int = 10) -> dict:
+        """One more step under torch.profiler: the ops that took the most device time and the most host
+        time (with their call counts), to tell launch- or allocator-bound steps from compute-bound ones."""
+        from torch.profiler import ProfilerActivity, profile
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+        with profile(activities=acts) as prof:
+            self.step(opt, shared)
+        events = prof.key_averages()
+
+        def rows(attr):
+            best = sorted(events, key=lambda e: getattr(e, attr, 0) or 0, reverse=True)[:top]
+            return [{"op": e.key, "calls": e.count, "self_cpu_ms": round(e.self_cpu_time_total / 1e3, 2),
+                     "self_device_ms": round((getattr(e, "self_device_time_total", 0) or 0) / 1e3, 2)} for e in best]
+
+        return {"by_device_time": rows("self_device_time_total") if self.device.type == "cuda" else [],
+                "by_host_time": rows("self_cpu_time_total"),
+                "device_ms_total": round(sum(getattr(e, "self_device_time_total", 0) or 0 for e in events) / 1e3, 1),
+                "host_ms_total": round(sum(e.self_cpu_time_total for e in events) / 1e3, 1)}
+
     def arm(self, shared: bool, out: dict) -> None:
         """Warm-up + timed steps from the initial weights with a fresh AdamW (see the module docstring),
         their figures into ``out`` (the warm-up's as soon as it is done: a later failure keeps them)."""
@@ -211,6 +231,8 @@ class Bench:
         out.update(first_step_loss=first["loss"], first_step_kl=first["kl"], params_moved_share=moved,
                    params_moved=moved == 1.0)
         runs = [self.step(opt, shared) for _ in range(a.repeats)]
+        if a.profile:
+            out["profile"] = self.profiled_step(opt, shared)
         del opt
         n_mb, slots = micro_batches(self.ids, self.att, shared, a.micro_batch_size, a.max_tokens)
         update_s, reference_s = min(r["update_s"] for r in runs), min(r["reference_s"] for r in runs)
@@ -265,6 +287,8 @@ def parse(argv):
     ap.add_argument("--micro-batch-size", type=int, help="rows per micro-batch at most (default 64)")
     ap.add_argument("--max-tokens", type=int, help="token slots per micro-batch at most (default 32768)")
     ap.add_argument("--repeats", type=int, help="timed steps per arm after one warm-up (default 2)")
+    ap.add_argument("--profile", action="store_true",
+                    help="one more step per arm under torch.profiler: the top ops by device and by host time")
     ap.add_argument("--arms", default="off,on", help="share_prefix settings to run, in order: off, on or off,on")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch CPU threads on a CPU run (default: 1 with --tiny, else torch's default)")

@@ -259,7 +259,8 @@ class TrainConfig:
     rows are grouped by their tokens (a GRPO group's samples share the prompt and, when they search alike, the
     first turns and their ``<information>``), the common part runs as one row whose KV cache the rows' own
     tokens then attend to. The same logprobs and gradients to float rounding; much less compute when samples
-    share long prefixes (``perf/computed_token_share`` reports the slots computed per real token).
+    share long prefixes (``perf/computed_token_share`` reports the slots computed per real token). For CPUs: on
+    an H100 it made the update 12x slower (many small micro-batches; docs/training.md).
     ``max_tokens_per_micro_batch`` counts computed slots. Single process only (not under torchrun), not with
     ``remove_padding`` or ``grad_checkpointing``, for models whose KV cache is plain full attention (others: a
     warning, the micro-batches run whole); a critic's passes run whole."""

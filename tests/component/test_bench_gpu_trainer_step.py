@@ -220,3 +220,15 @@ def test_train_py_smollm2_builds_on_the_device_it_is_given(monkeypatch, capsys):
     expected = "cuda" if torch.cuda.is_available() else "cpu"
     assert rc == 0 and seen == [expected] and r["device"] == expected
     assert r["max_weight_change"] > 0 and "speedup_after_shared" in r
+
+
+def test_profile_names_the_ops_that_took_the_most_host_time(bench):
+    """--profile: one more step per arm under torch.profiler; on CPU the host table only (no device
+    times), its rows sorted, their times within the step's total."""
+    rc, r = run(bench, TINY + ["--profile", "--arms", "on"])
+    assert rc == 0, r
+    prof = r["arms"][0]["profile"]
+    rows = prof["by_host_time"]
+    assert rows and prof["by_device_time"] == [] and prof["host_ms_total"] > 0
+    assert [x["self_cpu_ms"] for x in rows] == sorted((x["self_cpu_ms"] for x in rows), reverse=True)
+    assert all(x["calls"] >= 1 and x["op"] for x in rows) and sum(x["self_cpu_ms"] for x in rows) <= prof["host_ms_total"] + 0.1
