@@ -12,6 +12,7 @@ the whole set's figures and writes checkpoints.
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
@@ -349,10 +350,12 @@ class Trainer:
         tc = self.cfg.train
         last: dict = {}
         saved_at = None  # the step last checkpointed, so the final save does not write it twice
+        t_loop = time.perf_counter()
         while self.step < tc.total_steps:
             self.step += 1
             metrics, trajs = self.train_step()
-            due = (tc.eval_every and self.step % tc.eval_every == 0) or self.step == tc.total_steps
+            out_of_time = self._out_of_time(t_loop)
+            due = (tc.eval_every and self.step % tc.eval_every == 0) or self.step == tc.total_steps or out_of_time
             if due:
                 with par.gathered(self.policy):  # a collective under FSDP: every rank enters
                     eval_metrics = self.evaluate()  # every rank its share; all get the whole set's figures
@@ -368,10 +371,25 @@ class Trainer:
             if tc.save_every and self.step % tc.save_every == 0:
                 self.save()
                 saved_at = self.step
+            if out_of_time:
+                if self.ctx.is_main:
+                    print(f"sleuth: train.time_limit_minutes ({tc.time_limit_minutes:g}) reached after step "
+                          f"{self.step} of {tc.total_steps}: evaluated and saved as a last step; --resume continues",
+                          file=sys.stderr)
+                break
         if saved_at != self.step:
             self.save()
         self.logger.close()
         return last
+
+    def _out_of_time(self, t_loop: float) -> bool:
+        """Whether ``train.time_limit_minutes`` has passed since the loop began: the slowest rank's clock
+        (a collective under torchrun), so every rank stops after the same step."""
+        limit = self.cfg.train.time_limit_minutes
+        if limit is None:
+            return False
+        (elapsed,) = reduce.all_max([time.perf_counter() - t_loop], self.state.compute_device)
+        return elapsed >= 60 * limit
 
     def _on_collapse(self, warning: str) -> bool:
         """Handle a suspected collapse; True stops the loop."""

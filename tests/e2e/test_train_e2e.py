@@ -415,3 +415,18 @@ def test_the_sampler_gap_is_checked_and_a_large_one_switches_to_recomputing(worl
     assert default.every == 0 and not any(default.needs_forward(s) for s in range(1, 30))
     gpu = SamplerGap(None, 0.01, device=torch.device("cpu"), dtype="bfloat16")
     assert [s for s in range(1, 25) if gpu.needs_forward(s)] == [1, 11, 21]
+
+
+def test_a_time_limit_stops_after_a_step_evaluates_saves_and_resume_goes_on(world, tmp_path, capsys):
+    """train.time_limit_minutes (a GPU lent by the minute): the step that ends past the limit is the last
+    one (evaluated and checkpointed as a final step), and --resume without the limit continues to
+    total_steps."""
+    out = tmp_path / "run"
+    extra = ["train.eval_every=0", "train.save_every=0"]
+    assert main(_args(world, out, 3, extra + ["train.time_limit_minutes=1e-9"])) == 0
+    rows = _metrics(out)
+    assert [r["step"] for r in rows] == [1] and "eval/em" in rows[0]
+    assert (out / "checkpoints" / "step_000001").is_dir()
+    assert "train.time_limit_minutes (1e-09) reached after step 1 of 3" in capsys.readouterr().err
+    assert main(_args(world, out, 3, extra) + ["--resume"]) == 0
+    assert [r["step"] for r in _metrics(out)] == [1, 2, 3]
