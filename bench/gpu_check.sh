@@ -22,7 +22,9 @@ recipe() {  # the GPU recipe (issue #32): examples/smollm2_nq.sh with configs/sm
   local run=${RECIPE_WORK:-.gpuA/work/gpu_recipe}
   mkdir -p "$run/bin" "$out"
   local py; py=$(command -v "$PY"); py=$(cd "$(dirname "$py")" && pwd)/$(basename "$py")  # absolute, venv kept
-  printf '#!/bin/sh\nexec %s -m sleuth "$@"\n' "$py" > "$run/bin/sleuth" && chmod +x "$run/bin/sleuth"
+  printf '#!/bin/sh\nexec %s -m sleuth "$@"\n' "$py" > "$run/bin/sleuth"
+  printf '#!/bin/sh\nexec %s "$@"\n' "$py" > "$run/bin/python"  # the example runs its helpers with this one
+  chmod +x "$run/bin/sleuth" "$run/bin/python"
   CONFIG=${CONFIG:-configs/smollm2_nq_gpu.yaml} SLEUTH=$(cd "$run/bin" && pwd)/sleuth EVAL_LIMIT=${EVAL_LIMIT:-100} \
     SLEUTH_SET="--set model.name_or_path=$gguf --set train.time_limit_minutes=${MINUTES:-4} --set train.eval_limit=1 ${SLEUTH_SET:-}" \
     bash examples/smollm2_nq.sh "$run" > "$out/recipe_log.txt" 2>&1
