@@ -55,12 +55,12 @@ def steps(model: str, real: bool, dry: bool, work: Path) -> list[Step]:
     tiny = ["--tiny", "--device", "cpu"] if dry else []
     recipe = recipe_argv(model if real else "tiny", work / "recipe", dry)
     out = [
-        Step("canaries", bench("gpu_canaries.py", "--model", model, *tiny), 75, 20,
+        Step("canaries", bench("gpu_canaries.py", "--model", model, *tiny), 120, 20,
              "Linear grads after no-grad passes; master weights move at lr 1e-6; K/V dtypes vs the plan; "
              "sampler vs trainer logprobs; reference KL at step 0", ["all_pass"]),
         Step("trainer_step", bench("gpu_trainer_step.py", "--model", model, "--profile", *tiny,
                                    *(["--rows", "16", "--group-size", "4", "--micro-batch-size", "8",
-                                      "--max-tokens", "4096"] if dry else []), "--repeats", "1"), 100, 30,
+                                      "--max-tokens", "4096"] if dry else []), "--repeats", "1"), 120, 30,
              "Sleuth's reference pass + policy_update, 256 recipe rows, share_prefix off/on: s, MFU, peak vs plan"),
         Step("recipe", recipe, 150, 60, "2 GRPO steps of configs/smollm2_nq_gpu.yaml, 64 questions x 8",
              needs_weights=not dry),
@@ -105,7 +105,8 @@ def pytest_argv(dry: bool) -> list[str]:
 
 
 def recipe_argv(model: str, out: Path, dry: bool) -> list[str]:
-    sets = [f"model.name_or_path={model}", "train.total_steps=2", "train.save_every=0", "train.eval_every=0"]
+    sets = [f"model.name_or_path={model}", "train.total_steps=2", "train.save_every=0", "train.eval_every=0",
+            "train.eval_limit=1"]  # the last step evaluates: one question a source
     if dry:  # the embedded tiny model, a few rows
         sets += ["train.questions_per_step=2", "rollout.group_size=2", "rollout.max_tokens_per_turn=8",
                  "train.micro_batch_size=4", "rollout.use_chat_template=false", "model.device=cpu",

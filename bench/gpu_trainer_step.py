@@ -125,11 +125,13 @@ def plan_config(args):
                                 f"train.questions_per_step={args.rows // args.group_size}"])
 
 
-def plan_figures(hf_config, cfg) -> dict:
-    """The memory plan's update (and optimizer-step) phase for this config and the model's shape, GiB."""
+def plan_figures(hf_config, cfg, device=None) -> dict:
+    """The memory plan's update (and optimizer-step) phase for this config and the model's shape, GiB (on
+    ``device``'s kind: the output layer's chunk size differs on CUDA)."""
     from sleuth.train.memory_plan import ModelShape, make_plan
 
-    plan = make_plan(cfg, ModelShape.from_config(hf_config))
+    kind = "cuda" if device is not None and torch.device(device).type == "cuda" else ""
+    plan = make_plan(cfg, ModelShape.from_config(hf_config), device=kind)
     return {"plan_update_gib": plan.phases["update"][0] / 2**30,
             "plan_optimizer_step_gib": plan.phases["optimizer step"][0] / 2**30}
 
@@ -327,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 -- nothing to measure: recorded, exit 1
         return _setup_failed(result, e, args.json)
     try:
-        plan = plan_figures(policy.config, cfg)
+        plan = plan_figures(policy.config, cfg, device)
     except Exception as e:  # noqa: BLE001 -- the other figures stand
         plan = {"plan_update_gib": None, "plan_error": f"{type(e).__name__}: {e}"}
     try:

@@ -4,7 +4,7 @@ host synchronisations (a subclass of :class:`sleuth.rollout.hf_backend.HFBackend
 What changes against ``hf`` (everything else, prefill and prefix reuse included, is shared):
 
 * **Static KV cache.** The prefill sizes every layer's buffer for the whole call
-  (``P + N + max_cap`` slots); each decode step writes its key/value at a slot given as a device
+  (``P + N + max_cap`` slots eager; compiled, the bucket's width, below); each decode step writes its key/value at a slot given as a device
   tensor and attends over the whole buffer under a ``(B, 1, 1, W)`` mask, so every step has the
   same shapes and no Python integer changes inside the model: the step can be compiled
   (``compile=True``, ``torch.compile``, one compiled callable per backend).
@@ -167,12 +167,16 @@ class StaticHFBackend(HFBackend):
 
     def _new_cache(self, prefixes, lens, width):
         """Compiled: the prefill's rows are the first rows of the pool's buffers for the call's bucket,
-        prefixes written in place (slots no row holds keep stale, finite values: always masked)."""
+        prefixes written in place. The bucket's buffers are zeroed first: masked slots are multiplied by 0
+        in attention, and a stale non-finite value (0 * NaN = NaN) would poison every later call."""
         if not self.compiled:
             return super()._new_cache(prefixes, lens, width)
         B, W = self.bucket(len(prefixes), width)
-        rows = [(k[: len(prefixes)], v[: len(prefixes)]) for k, v in self._pool.buffers(B, W, self._kv_spec(),
-                                                                                        self.device)]  # fmt: skip
+        pool = self._pool.buffers(B, W, self._kv_spec(), self.device)
+        for k, v in pool:
+            k.zero_()
+            v.zero_()
+        rows = [(k[: len(prefixes)], v[: len(prefixes)]) for k, v in pool]
         return slot_cache(self.model, W, assemble(prefixes, lens, W, out=rows), max(lens)), W
 
     def _pad_to_bucket(self, cache, mask_BW, next_pos_B, logits_BV):

@@ -167,7 +167,8 @@ class Trainer:
         if getattr(self, "_checkpointed_step", None) == self.step:
             return self.out / "checkpoints" / f"step_{self.step:06d}" if self.ctx.is_main else None
         self._checkpointed_step = self.step
-        return save_state(self.state, self.out, self.step, self.sampler.state(), is_main=self.ctx.is_main,
+        cursor = {**self.sampler.state(), "sampler_gap": self.sampler_gap.state()}
+        return save_state(self.state, self.out, self.step, cursor, is_main=self.ctx.is_main,
                           keep=self.cfg.train.keep_checkpoints)
 
     def _resume(self, ckpt: Path | None = None) -> None:
@@ -177,6 +178,7 @@ class Trainer:
             return
         ts = restore_state(self.state, ckpt)
         self.sampler.load_state(ts["cursor"])
+        self.sampler_gap.load_state(ts["cursor"].get("sampler_gap"))
         self.step = self._checkpointed_step = ts["step"]
 
     # -- one step ----------------------------------------------------------------------------
@@ -241,7 +243,7 @@ class Trainer:
             with par.gathered(self.state.critic):
                 values = batched_values(self.state.critic, ids, att, micro_batch_size=mbs[0], max_tokens=mbs[1],
                                         packed=self.packed)
-        peaks.mark("logprob passes")  # old (unless the sampler's), reference, critic values
+        peaks.mark("logprob passes", "reference pass")  # old (unless the sampler's), reference, critic values
         scores = torch.tensor(rewards, dtype=torch.float32, device=device)
         adv, returns = compute_advantages(cfg.algo, scores, group_ids, mask, old_logprobs_BT=old,
                                           ref_logprobs_BT=ref, values_BT=values)
@@ -353,8 +355,9 @@ class Trainer:
         t_loop = time.perf_counter()
         while self.step < tc.total_steps:
             self.step += 1
+            t_step = time.perf_counter()
             metrics, trajs = self.train_step()
-            out_of_time = self._out_of_time(t_loop)
+            out_of_time = self.step < tc.total_steps and self._out_of_time(t_loop, time.perf_counter() - t_step)
             due = (tc.eval_every and self.step % tc.eval_every == 0) or self.step == tc.total_steps or out_of_time
             if due:
                 with par.gathered(self.policy):  # a collective under FSDP: every rank enters
@@ -382,14 +385,15 @@ class Trainer:
         self.logger.close()
         return last
 
-    def _out_of_time(self, t_loop: float) -> bool:
-        """Whether ``train.time_limit_minutes`` has passed since the loop began: the slowest rank's clock
-        (a collective under torchrun), so every rank stops after the same step."""
+    def _out_of_time(self, t_loop: float, step_s: float) -> bool:
+        """Whether another step like the last one would end past ``train.time_limit_minutes`` since the
+        loop began: the slowest rank's clocks (a collective under torchrun), so every rank stops after the
+        same step."""
         limit = self.cfg.train.time_limit_minutes
         if limit is None:
             return False
-        (elapsed,) = reduce.all_max([time.perf_counter() - t_loop], self.state.compute_device)
-        return elapsed >= 60 * limit
+        elapsed, step_s = reduce.all_max([time.perf_counter() - t_loop, step_s], self.state.compute_device)
+        return elapsed + step_s >= 60 * limit
 
     def _on_collapse(self, warning: str) -> bool:
         """Handle a suspected collapse; True stops the loop."""

@@ -241,8 +241,12 @@ def make_plan(cfg: Config, shape: ModelShape, *, world_size: int = 1, capacity: 
         notes["output layer"] = f"full logits, 20 B per token x {shape.vocab} vocabulary"
     rows = cfg.train.questions_per_step * rc.group_size // max(world_size, 1)
     gen_rows = min(rc.max_concurrent_rows or rows, rows)
-    it["KV cache"] = gen_rows * rc.max_context_tokens * 2 * shape.layers * shape.kv_dim * compute
-    notes["KV cache"] = f"{gen_rows} rows x {rc.max_context_tokens} tokens generating at once, K and V in {mc.dtype}"
+    pooled = rc.backend == "hf_static" and rc.hf_compile  # a persistent pool of the bucket's shape (rollout/hf_static)
+    kv_rows = 1 << max(gen_rows - 1, 0).bit_length() if pooled else gen_rows
+    kv_width = -(-rc.max_context_tokens // 256) * 256 if pooled else rc.max_context_tokens
+    it["KV cache"] = kv_rows * kv_width * 2 * shape.layers * shape.kv_dim * compute
+    notes["KV cache"] = (f"{kv_rows} rows x {kv_width} tokens generating at once, K and V in {mc.dtype}"
+                         + ("; compiled hf_static's pool, kept through the update" if pooled else ""))
     # HF backends, several rounds: each finished row's keys/values are copied out and kept for the next
     # round's prefill (rollout/hf_cache.PrefixStore) while the batch's cache still holds every row; at
     # the round boundary the store is still alive while the next round's buffers are assembled
@@ -253,9 +257,9 @@ def make_plan(cfg: Config, shape: ModelShape, *, world_size: int = 1, capacity: 
                               "static + " + ("gathered weights" if fsdp else "compute copy")
                               + " + KV cache + prefix store")
     plan.phases["update"] = (static + copy + it["gradients"] + it["activations"] + it["output layer"]
-                             + it.get("packed-row mask", 0.0),
+                             + it.get("packed-row mask", 0.0) + (it["KV cache"] if pooled else 0.0),
                              "static + compute copy + gradients + activations + output layer"
-                             + (" + packed-row mask" if tc.remove_padding else ""))
+                             + (" + packed-row mask" if tc.remove_padding else "") + (" + KV pool" if pooled else ""))
     if use_ref and (fsdp or tc.offload_reference):  # the whole reference on the device for its pass
         visiting = ref_bytes if tc.offload_reference else ref_bytes * (shard - 1) / shard
         plan.phases["reference pass"] = (static + visiting, "static + the whole reference"

@@ -13,7 +13,10 @@ mini-batch is then not 1 where it should be.
 When the mean gap exceeds ``train.sampler_max_gap`` the run recomputes the old logprobs at every
 step from then on (a warning says so; ``train/old_logprobs_recomputed`` is 1 in every later step).
 Check steps: every ``train.sampler_check_every`` steps from step 1; None (default) means every 10
-steps where it can matter (a GPU, or bf16/float16 compute) and never on a CPU in float32.
+steps where it can matter (a GPU, or bf16/float16 compute) and never on a CPU in float32. A check step
+trains with the trainer's logprobs as the old policy's (they are there): the setting is a training setting.
+Under torchrun every rank takes the decision of the rank with the largest gap. The switch is kept in
+checkpoints (``state()`` / ``load_state``), so a resumed run trains as the uninterrupted one.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from __future__ import annotations
 import sys
 
 import torch
+
+from sleuth.train.reduce import all_max
 
 DEFAULT_EVERY = 10
 
@@ -30,6 +35,12 @@ class SamplerGap:
         if every is None:
             every = DEFAULT_EVERY if torch.device(device).type == "cuda" or dtype != "float32" else 0
         self.every, self.max_gap, self.recompute = every, max_gap, False
+
+    def state(self) -> dict:
+        return {"recompute": self.recompute}
+
+    def load_state(self, state: dict | None) -> None:
+        self.recompute = bool((state or {}).get("recompute", False))  # checkpoints from before: not switched
 
     def needs_forward(self, step: int) -> bool:
         """Whether step ``step`` (1-based) computes the old logprobs with the trainer's forward."""
@@ -41,15 +52,17 @@ class SamplerGap:
         out = {"train/old_logprobs_recomputed": float(self.recompute)}
         dev = trainer_BT.device  # the rollout's logprobs come from the CPU batch, the trainer's are on its device
         m = mask_BT.to(dev).bool()
-        if not bool(m.any()):
-            return out
         d = trainer_BT[m].float() - sampler_BT.to(dev)[m].float()
         gap = d.abs()
-        out.update({"rollout/sampler_gap_mean": float(gap.mean()), "rollout/sampler_gap_max": float(gap.max()),
-                    "rollout/sampler_ratio_dev_max": float((d.exp() - 1).abs().max())})
-        if not self.recompute and out["rollout/sampler_gap_mean"] > self.max_gap:
+        n = int(m.sum())
+        # every rank takes the same decision (a collective under torchrun): the largest rank's mean gap
+        (worst,) = all_max([float(gap.mean()) if n else 0.0], dev)
+        if n:
+            out.update({"rollout/sampler_gap_mean": float(gap.mean()), "rollout/sampler_gap_max": float(gap.max()),
+                        "rollout/sampler_ratio_dev_max": float((d.exp() - 1).abs().max())})
+        if not self.recompute and worst > self.max_gap:
             self.recompute = True
             print(f"sleuth: step {step}: the sampler's logprobs differ from the trainer's by "
-                  f"{out['rollout/sampler_gap_mean']:.3g} on average (train.sampler_max_gap {self.max_gap:g}); "
+                  f"{worst:.3g} on average (train.sampler_max_gap {self.max_gap:g}); "
                   "the old policy's logprobs are recomputed with a forward pass from now on", file=sys.stderr)
         return out

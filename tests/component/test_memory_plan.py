@@ -259,3 +259,17 @@ def test_the_chunked_output_layer_term_by_hand():
     assert gpu.items["output layer"] == 2 * 4 * 2730 * V + 4 * N * H + 2 * V * H
     cfg.train.questions_per_step = 2  # 8 rows, micro-batches of 4: the gradient accumulates
     assert make_plan(cfg, shape).items["output layer"] == one.items["output layer"] + 4 * V * H
+
+
+def test_a_compiled_hf_static_pool_is_planned_at_its_bucket_and_through_the_update():
+    """rollout.hf_compile: the KV pool has the bucket's shape (rows to a power of two, width to a multiple of
+    256) and stays allocated through the update."""
+    shape = ModelShape(params=10**8, layers=4, hidden=256, intermediate=512, kv_dim=64, heads=4, head_dim=64,
+                       vocab=1000, chunked_head=True)
+    cfg = _cfg("bfloat16", rows=5, length=300)
+    plain = make_plan(cfg, shape)
+    assert plain.items["KV cache"] == 5 * 300 * 2 * 4 * 64 * 2
+    cfg.rollout.backend, cfg.rollout.hf_compile = "hf_static", True
+    pooled = make_plan(cfg, shape)
+    assert pooled.items["KV cache"] == 8 * 512 * 2 * 4 * 64 * 2
+    assert pooled.update == plain.update + pooled.items["KV cache"]

@@ -259,3 +259,18 @@ def test_compiled_sampling_of_a_row_does_not_depend_on_the_bucket_padding(tok, t
         else:
             assert [(r.token_ids, r.finish_reason) for r in five] == want
     assert len({tuple(t) for t, _ in want}) == 5 and all(len(t) > 1 for t, _ in want)
+
+
+def test_a_stale_non_finite_value_in_the_pool_does_not_reach_a_later_call(tok):
+    """Masked slots are multiplied by 0 in attention, and 0 * NaN = NaN: the compiled path zeroes its
+    bucket's buffers at each call, so whatever an earlier call left there cannot poison the next."""
+    model = tiny_model(tok, seed=3).eval()
+    backend = StaticHFBackend(model, tok, compile=True, compile_backend="eager", sync_every=4)
+    params = SamplingParams(max_new_tokens=8, greedy=True)
+    prompts = [tok(t)["input_ids"] for t in ("what is the capital of france", "river", "a b c")]
+    first = [r.token_ids for r in backend.generate(prompts, params)]
+    for k, v in backend._pool._flat:  # as a NaN key/value an earlier call wrote would leave them
+        k.view(-1)[-1] = float("nan")
+        v.view(-1)[-1] = float("nan")
+    again = [r.token_ids for r in backend.generate(prompts, params)]
+    assert again == first and first == [r.token_ids for r in HFBackend(model, tok).generate(prompts, params)]

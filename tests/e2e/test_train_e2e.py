@@ -411,6 +411,14 @@ def test_the_sampler_gap_is_checked_and_a_large_one_switches_to_recomputing(worl
     strict.step = 2
     metrics, _ = strict.train_step()  # not a check step, recomputed all the same
     assert metrics["train/old_logprobs_recomputed"] == 1.0
+    strict.save()  # the switch is kept in the checkpoint: a resumed run recomputes too
+    from sleuth.config_file import load_config
+    from sleuth.train.loop import Trainer
+
+    sets = _args(world, tmp_path / "strict", 2, ["algo.kl_coef=0", "train.sampler_check_every=5"])[5::2]
+    resumed = Trainer(load_config(None, sets), tmp_path / "strict", resume=True, progress=False)
+    resumed._resume()
+    assert resumed.step == 2 and resumed.sampler_gap.recompute
     default = SamplerGap(None, 0.01, device=torch.device("cpu"), dtype="float32")
     assert default.every == 0 and not any(default.needs_forward(s) for s in range(1, 30))
     gpu = SamplerGap(None, 0.01, device=torch.device("cpu"), dtype="bfloat16")
