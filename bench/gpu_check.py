@@ -200,7 +200,8 @@ def headline(row: dict) -> str:
 
 
 def table(rows: list[dict], env_facts: dict) -> str:
-    lines = [f"GPU check {env_facts.get('date', '')}: {env_facts.get('device', '?')} | torch {env_facts.get('torch', '?')} | "
+    lines = [f"GPU check {env_facts.get('date', '')}: {env_facts.get('device', '?')} | "
+             f"torch {env_facts.get('torch', '?')} | "
              f"transformers {env_facts.get('transformers', '?')} | weights {env_facts.get('weights', '?')} | "
              f"commit {env_facts.get('commit', '?')}",
              f"{'step':<20} {'status':<8} {'s':>6}  figures"]

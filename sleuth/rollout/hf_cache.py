@@ -119,8 +119,8 @@ def assemble(prefixes: list[KV | None], lengths: list[int], capacity: int, out: 
     """Per layer, ``(keys_BHWD, values_BHWD)`` buffers of ``capacity`` slots with row ``b``'s prefix
     in slots ``[P - len_b, P)``, ``P = max(lengths)``, zeros elsewhere (None when no row has one).
     Rows sharing one prefix object (a common prompt prefix) are written at once. ``out``: buffers
-    to write the prefixes into instead (hf_static's KV pool; its other slots keep what they hold,
-    for the attention mask to hide), returned as they are when no row has a prefix."""
+    to write the prefixes into instead (hf_static's KV pool, which zeroes them first), returned as
+    they are when no row has a prefix."""
     P = max(lengths, default=0)
     if P == 0:
         return out

@@ -3,9 +3,9 @@ host synchronisations (a subclass of :class:`sleuth.rollout.hf_backend.HFBackend
 
 What changes against ``hf`` (everything else, prefill and prefix reuse included, is shared):
 
-* **Static KV cache.** The prefill sizes every layer's buffer for the whole call
-  (``P + N + max_cap`` slots eager; compiled, the bucket's width, below); each decode step writes its key/value at a slot given as a device
-  tensor and attends over the whole buffer under a ``(B, 1, 1, W)`` mask, so every step has the
+* **Static KV cache.** The prefill sizes every layer's buffer for the whole call (``P + N + max_cap``
+  slots eager; compiled, the bucket's width, below); each decode step writes its key/value at a slot
+  given as a device tensor and attends over the whole buffer under a ``(B, 1, 1, W)`` mask, so every step has the
   same shapes and no Python integer changes inside the model: the step can be compiled
   (``compile=True``, ``torch.compile``, one compiled callable per backend).
 * **Compiled: bucketed shapes over a persistent KV pool**, so that the calls of a training run
@@ -15,8 +15,8 @@ What changes against ``hf`` (everything else, prefill and prefix reuse included,
   write; their tokens are never read, stashed or returned; seed 0), the width up to a multiple of
   ``width_multiple`` (256). The buffers are views of one flat key and one flat value tensor per
   layer (:class:`KVPool`): the prefill writes prefixes and new tokens into the first rows of the
-  bucket's buffers; stale slots are never zeroed, only masked (they hold finite values from
-  earlier forwards). A bucket met before gets the same tensors back; on CUDA they are marked as
+  bucket's buffers, zeroed at each call (masked slots are multiplied by 0 in attention, and a stale
+  non-finite value would give 0 * NaN = NaN). A bucket met before gets the same tensors back; on CUDA they are marked as
   static addresses once and all start at the pool's addresses, so recorded CUDA graphs replay
   instead of re-recording. The pool holds the K/V of the largest bucket met so far and is
   reallocated (the old one freed first) only when a bucket does not fit or the dtype changes.
@@ -53,6 +53,14 @@ from sleuth.rollout.hf_backend import COMPACT_AT, HFBackend, sample_next
 from sleuth.rollout.hf_cache import KV, assemble, slot_cache
 
 M32 = 0xFFFFFFFF
+WIDTH_MULTIPLE = 256  # compiled: the KV width is rounded up to a multiple of this many slots
+
+
+def bucket_shape(rows: int, width: int, width_multiple: int = WIDTH_MULTIPLE) -> tuple[int, int]:
+    """The compiled step's ``(batch, width)`` for a call of ``rows`` rows needing ``width`` slots: the
+    batch rounded up to a power of two, the width up to a multiple of ``width_multiple`` (the memory
+    plan sizes the pool with it too)."""
+    return 1 << max(rows - 1, 0).bit_length(), -(-width // width_multiple) * width_multiple
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
@@ -118,7 +126,7 @@ class StaticHFBackend(HFBackend):
 
     def __init__(self, model, tokenizer, eos_token_ids=None, *, compile: bool = False, sync_every: int | None = None,
                  compile_mode: str | None = None, compile_backend: str | None = None,
-                 width_multiple: int = 256):  # fmt: skip
+                 width_multiple: int = WIDTH_MULTIPLE):  # fmt: skip
         super().__init__(model, tokenizer, eos_token_ids, reuse_prefix=True)
         if not self.reuse_prefix:
             raise ValueError(f"rollout.backend=hf_static needs a model whose cache is plain full-attention layers; "
@@ -145,9 +153,8 @@ class StaticHFBackend(HFBackend):
                 self._step = torch.compile(self._forward_step, dynamic=False, mode=compile_mode)
 
     def bucket(self, rows: int, width: int) -> tuple[int, int]:
-        """The compiled step's ``(batch, width)`` for a call of ``rows`` rows needing ``width`` slots:
-        the batch rounded up to a power of two, the width up to a multiple of ``width_multiple``."""
-        return 1 << (rows - 1).bit_length(), -(-width // self.width_multiple) * self.width_multiple
+        """:func:`bucket_shape` with this backend's ``width_multiple``."""
+        return bucket_shape(rows, width, self.width_multiple)
 
     def _forward_step(self, tokens_B1, mask_B11W, pos_B1, cache):
         out = self.model(input_ids=tokens_B1, attention_mask=mask_B11W, position_ids=pos_B1, use_cache=True,

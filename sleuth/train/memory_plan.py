@@ -215,6 +215,7 @@ def make_plan(cfg: Config, shape: ModelShape, *, world_size: int = 1, capacity: 
         notes["gathered weights"] = "FSDP rollout: the full float32 weights (+ their autocast copy)"
     it["gradients"] = 4 * trainable / shard
     tokens = tc.max_tokens_per_micro_batch or tc.micro_batch_size * rc.max_context_tokens
+    rows = cfg.train.questions_per_step * rc.group_size // max(world_size, 1)  # this rank's rows a step
     per_token = activation_bytes_per_token(shape, mc.dtype, tc.grad_checkpointing)
     it["activations"] = per_token * tokens * (2 if critic else 1)
     notes["activations"] = (f"{tokens} tokens per micro-batch x {per_token / 2**10:.0f} KiB"
@@ -230,8 +231,7 @@ def make_plan(cfg: Config, shape: ModelShape, *, world_size: int = 1, capacity: 
         # when micro-batches accumulate, the weight gradient's float32 accumulator beside the gradient it
         # is added into (for the first micro-batch it becomes that gradient)
         head = shape.vocab * shape.hidden
-        rows_here = cfg.train.questions_per_step * rc.group_size // max(world_size, 1)
-        accumulates = rows_here > tc.micro_batch_size or rows_here * rc.max_context_tokens > tokens
+        accumulates = rows > tc.micro_batch_size or rows * rc.max_context_tokens > tokens
         it["output layer"] = (2 * 4 * chunk * shape.vocab + 4 * tokens * shape.hidden
                               + (compute * head if compute != 4 else 0) + (4 * head if accumulates else 0))
         notes["output layer"] = (f"chunked ({chunk} positions a block), recomputed in backward; its weight cast once"
@@ -239,11 +239,13 @@ def make_plan(cfg: Config, shape: ModelShape, *, world_size: int = 1, capacity: 
     else:
         it["output layer"] = 20.0 * tokens * shape.vocab
         notes["output layer"] = f"full logits, 20 B per token x {shape.vocab} vocabulary"
-    rows = cfg.train.questions_per_step * rc.group_size // max(world_size, 1)
     gen_rows = min(rc.max_concurrent_rows or rows, rows)
     pooled = rc.backend == "hf_static" and rc.hf_compile  # a persistent pool of the bucket's shape (rollout/hf_static)
-    kv_rows = 1 << max(gen_rows - 1, 0).bit_length() if pooled else gen_rows
-    kv_width = -(-rc.max_context_tokens // 256) * 256 if pooled else rc.max_context_tokens
+    kv_rows, kv_width = gen_rows, rc.max_context_tokens
+    if pooled:
+        from sleuth.rollout.hf_static import bucket_shape  # lazy: only for compiled hf_static
+
+        kv_rows, kv_width = bucket_shape(gen_rows, rc.max_context_tokens)
     it["KV cache"] = kv_rows * kv_width * 2 * shape.layers * shape.kv_dim * compute
     notes["KV cache"] = (f"{kv_rows} rows x {kv_width} tokens generating at once, K and V in {mc.dtype}"
                          + ("; compiled hf_static's pool, kept through the update" if pooled else ""))

@@ -169,8 +169,11 @@ def test_under_bf16_autocast_the_rollout_cache_holds_bf16_keys_and_gives_the_sam
     params = SamplingParams(max_new_tokens=12, greedy=True)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         backend = HFBackend(taught, tok)
-        hf_cache.SlotLayer._allocate = lambda self, like, dtype=None: (real(self, like, dtype),
-                                                                       made.append((self.k_buf.dtype, self.v_buf.dtype)))
+        def allocate(self, like, dtype=None):
+            real(self, like, dtype)
+            made.append((self.k_buf.dtype, self.v_buf.dtype))
+
+        hf_cache.SlotLayer._allocate = allocate
         try:
             with backend.session():
                 fast = backend.generate(prompts, params)

@@ -19,7 +19,8 @@ def test_nothing_is_recorded_on_cpu():
 def test_each_phase_gets_its_own_peak_and_the_plans_figure(monkeypatch):
     gib = 2**30
     state = {"peak": 0, "resets": 0}
-    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda d=None: state.update(peak=0, resets=state["resets"] + 1))
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats",
+                        lambda d=None: state.update(peak=0, resets=state["resets"] + 1))
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda d=None: state["peak"])
     plan = MemoryPlan(phases={"rollout": (3 * gib, ""), "update": (5 * gib, ""), "optimizer step": (6 * gib, "")})
     peaks = PhasePeaks(torch.device("cuda"), plan)
