@@ -301,7 +301,10 @@ def main(argv=None) -> int:
     sizes = dict(SIZES["tiny" if args.tiny else "full"], backend=args.backend)
     result.update(model=label, backend=args.backend, compute_dtype=DT, param_dtype=str(next(model.parameters()).dtype))
     result["canaries"] = []
+    partial(result, t_start)  # loaded: a hang after this names the canary that started next
     for fn in CANARIES:
+        print(f"gpu_canaries: {fn.__name__} starts at {time.perf_counter() - t_start:.1f} s", file=sys.stderr,
+              flush=True)
         result["canaries"].append(run_canary(fn, model, tok, dev, sizes))
         partial(result, t_start)
     result["all_pass"] = all(c["pass"] is not False for c in result["canaries"])

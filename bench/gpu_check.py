@@ -62,6 +62,10 @@ def steps(model: str, real: bool, dry: bool, work: Path) -> list[Step]:
                                    *(["--rows", "16", "--group-size", "4", "--micro-batch-size", "8",
                                       "--max-tokens", "4096"] if dry else []), "--repeats", "1"), 120, 30,
              "Sleuth's reference pass + policy_update, 256 recipe rows, share_prefix off/on: s, MFU, peak vs plan"),
+        Step("trainer_step_05b", bench("gpu_trainer_step.py", "--model", "random-qwen2", "--arms", "off", *tiny,
+                                       *(["--rows", "8", "--group-size", "4", "--micro-batch-size", "4",
+                                          "--max-tokens", "2048"] if dry else []), "--repeats", "1"), 100, 30,
+             "the same update at Qwen2.5-0.5B's shape (random weights), share_prefix off: s, MFU, peak vs plan"),
         Step("recipe", recipe, 150, 60, "2 GRPO steps of configs/smollm2_nq_gpu.yaml, 64 questions x 8",
              needs_weights=not dry),
         Step("decode", bench("gpu_decode.py", "--model", model, "--autocast", "--engines", "hf,hf_static",
@@ -87,6 +91,18 @@ def steps(model: str, real: bool, dry: bool, work: Path) -> list[Step]:
              "the version-dependent CPU paths on this machine's transformers"),
     ]
     return out
+
+
+def ordered(all_steps: list[Step], only: str | None) -> list[Step]:
+    """All steps in their order, or those ``only`` names (a comma list) in the order it names them."""
+    if not only:
+        return all_steps
+    by_name = {s.name: s for s in all_steps}
+    names = [n.strip() for n in only.split(",") if n.strip()]
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise SystemExit(f"gpu_check: --only names unknown steps {unknown}; the steps are {list(by_name)}")
+    return [by_name[n] for n in names]
 
 
 def pytest_argv(dry: bool) -> list[str]:
@@ -148,11 +164,12 @@ def run_step(step: Step, left: float, log, env: dict) -> dict:
 
 
 # per step, the figures of its JSON summary the table shows (fnmatch patterns over flattened keys)
+TRAINER_SHOW = ["arms.*.arm", "arms.*.status", "arms.*.update_s", "arms.*.mfu", "arms.*.mfu_measured_peak",
+                "arms.*.measured_update_gib", "arms.*.plan_update_gib", "arms.*.update_gib_ratio",
+                "arms.*.profile.device_ms_total", "arms.*.profile.host_ms_total", "arms.*.profile.by_host_time.0.op"]
 SHOW = {
-    "trainer_step": ["arms.*.arm", "arms.*.status", "arms.*.update_s", "arms.*.mfu", "arms.*.mfu_measured_peak",
-                     "arms.*.measured_update_gib", "arms.*.plan_update_gib", "arms.*.update_gib_ratio",
-                     "arms.*.profile.device_ms_total", "arms.*.profile.host_ms_total",
-                     "arms.*.profile.by_host_time.0.op"],
+    "trainer_step": TRAINER_SHOW,
+    "trainer_step_05b": TRAINER_SHOW,
     "decode": ["key_dtype", "rows.*.batch", "rows.*.hf_tokens_per_s", "rows.*.hf_static_tokens_per_s",
                "rows.*.hf_bandwidth_fraction", "rows.*.hf_static_bandwidth_fraction", "failed"],
     "retrieval": ["torch_qps", "baseline", "baseline_qps", "speedup_vs_baseline", "recall_vs_baseline"],
@@ -252,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("out", help="folder for the results (the device tool's $OUT)")
     ap.add_argument("--dry-run", action="store_true", help="every step on CPU with tiny shapes")
     ap.add_argument("--deadline", type=float, default=525.0, help="seconds for the whole check")
-    ap.add_argument("--only", default=None, help="comma list of step names to run (the rest are skipped)")
+    ap.add_argument("--only", default=None,
+                    help="comma list of step names to run, in that order (the rest are left out)")
     args = ap.parse_args(argv)
     start = time.monotonic()
     out = Path(args.out)
@@ -265,14 +283,11 @@ def main(argv: list[str] | None = None) -> int:
               "randomly initialised model of SmolLM2's shape", flush=True)
     env = dict(os.environ)
     facts = env_facts(args.dry_run, "real" if real else f"random ({why})")
-    only = set(args.only.split(",")) if args.only else None
     rows = []
     with open(out / "log.txt", "a") as log, open(out / "summary.jsonl", "a") as summary:
         summary.write(json.dumps({"step": "env", **facts}) + "\n")
-        for step in steps(model, real, args.dry_run, work):
+        for step in ordered(steps(model, real, args.dry_run, work), args.only):
             left = args.deadline - (time.monotonic() - start)
-            if only is not None and step.name not in only:
-                continue
             if step.needs_weights and not real:
                 row = {"step": step.name, "status": "skipped", "seconds": 0.0, "what": step.what,
                        "result": None, "why": "needs the real weights"}
