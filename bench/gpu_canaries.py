@@ -61,12 +61,13 @@ from gpu_common import (  # noqa: E402
 from sleuth.algo.aggregate import masked_mean  # noqa: E402
 from sleuth.algo.kl import kl_estimate  # noqa: E402
 from sleuth.config import AlgoConfig, Config  # noqa: E402
-from sleuth.models import compute_autocast  # noqa: E402
+from sleuth.models import DTYPES, compute_autocast, reference_dtype  # noqa: E402
 from sleuth.rollout.backends import SamplingParams  # noqa: E402
 from sleuth.rollout.hf_backend import HFBackend  # noqa: E402
 from sleuth.rollout.hf_static import StaticHFBackend  # noqa: E402
 from sleuth.train.forward import batched_logprobs, token_logprobs  # noqa: E402
 from sleuth.train.memory_plan import ModelShape, make_plan  # noqa: E402
+from sleuth.train.sampler_gap import SamplerGap  # noqa: E402
 from sleuth.train.update import UpdateBatch, policy_update  # noqa: E402
 
 DT = "bfloat16"
@@ -234,29 +235,41 @@ def gap_figures(a_BT, b_BT, mask_BT) -> dict:
 
 
 def sampler_vs_trainer(model, tok, dev, sizes) -> dict:
-    out = {"clip_threshold": CLIP, "mean_abs_delta_limit": 1e-2}
-    for prefix, dtype in (("", DT), ("f32_", "float32")):
+    out = {"clip_threshold": CLIP, "mean_abs_delta_limit": Config().train.sampler_max_gap}
+    for prefix, dtype in (("f32_", "float32"), ("", DT)):
         with compute_autocast(dtype, dev):
             ids, att, mask, sampler = sample(model, tok, sizes, sizes["sample"], seed=4)
             torch.clear_autocast_cache()  # as policy_update does before its forward
             with torch.no_grad():
                 trainer, _ = token_logprobs(model, ids, att, temperature=1.0, needed_BT=mask)
         out.update({prefix + k: v for k, v in gap_figures(trainer, sampler, mask).items()})
-    out["pass"] = out["mean_abs_delta"] < 1e-2 and out["clipfrac_0.2"] == 0.0
+    # In bf16 the decode and the full forward round differently (mean 0.046 on an H100, 2026-11-27): the
+    # sampler's logprobs cannot stand for the old policy's. The canary passes when the gap is small, or when
+    # the trainer's own check (sleuth/train/sampler_gap.py) sees it on this very batch and recomputes.
+    check = SamplerGap(1, out["mean_abs_delta_limit"], device=dev, dtype=DT)
+    check.compare(sampler, trainer, mask, step=1)
+    out["trainer_recomputes"] = check.recompute
+    small = out["mean_abs_delta"] < out["mean_abs_delta_limit"] and out["clipfrac_0.2"] == 0.0
+    out["pass"] = small or check.recompute
     return out
 
 
 def reference_kl_step0(model, tok, dev, sizes) -> dict:
-    ref = copy.deepcopy(model).eval().requires_grad_(False).to(torch.bfloat16)  # as state.py makes it
+    """The reference as state.py holds it by default (``model.reference_dtype: auto``), and in bfloat16."""
+    out: dict = {"reference_dtype": reference_dtype(Config().model), "k3_limit": 1e-3}
     with compute_autocast(DT, dev):
         ids, att, mask, _ = sample(model, tok, sizes, sizes["sample"], seed=5)
         policy_lp = batched_logprobs(model, ids, att, micro_batch_size=sizes["micro"], needed_BT=mask)
-        ref_lp = batched_logprobs(ref, ids, att, micro_batch_size=sizes["micro"], needed_BT=mask)
-    del ref
-    k3 = float(masked_mean(kl_estimate(policy_lp.float(), ref_lp.float(), estimator="k3"), mask.float()))
-    d = (policy_lp - ref_lp).float()[mask.bool()]
-    return {"tokens": int(d.numel()), "mean_abs_delta": float(d.abs().mean()), "max_abs_delta": float(d.abs().max()),
-            "k3_mean": k3, "k3_limit": 1e-3, "pass": k3 < 1e-3}
+        for prefix, dtype in (("", out["reference_dtype"]), ("bf16_", "bfloat16")):
+            ref = copy.deepcopy(model).eval().requires_grad_(False).to(DTYPES[dtype])
+            ref_lp = batched_logprobs(ref, ids, att, micro_batch_size=sizes["micro"], needed_BT=mask)
+            del ref
+            k3 = float(masked_mean(kl_estimate(policy_lp.float(), ref_lp.float(), estimator="k3"), mask.float()))
+            d = (policy_lp - ref_lp).float()[mask.bool()]
+            out.update({prefix + "tokens": int(d.numel()), prefix + "mean_abs_delta": float(d.abs().mean()),
+                        prefix + "max_abs_delta": float(d.abs().max()), prefix + "k3_mean": k3})
+    out["pass"] = out["k3_mean"] < out["k3_limit"]
+    return out
 
 
 CANARIES = [linear_grads, master_weights_move, kv_dtypes, sampler_vs_trainer, reference_kl_step0]

@@ -143,10 +143,36 @@ def last_json(text: str) -> dict | None:
     return None
 
 
+def gpu_memory_used_mib() -> int | None:
+    """Device memory in use (all processes), from nvidia-smi; None where there is none."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20, check=False).stdout
+        return int(out.strip().splitlines()[0])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+def wait_for_free_device(log, limit_s: float = 60.0, idle_mib: int = 2048) -> dict:
+    """Wait until the device's memory is back to idle: a step killed by its timeout can hold its memory
+    while the driver tears it down, and the next step then runs out of memory (the recipe probe did,
+    2026-11-27, with 60 GiB still held by the killed trainer_step). Returns what it saw."""
+    t0, used = time.monotonic(), gpu_memory_used_mib()
+    while used is not None and used > idle_mib and time.monotonic() - t0 < limit_s:
+        time.sleep(1.0)
+        used = gpu_memory_used_mib()
+    seen = {"device_mib_in_use": used, "waited_s": round(time.monotonic() - t0, 1)}
+    if used is not None:
+        log.write(f"(device memory in use before the step: {used} MiB, waited {seen['waited_s']} s)\n")
+    return seen
+
+
 def run_step(step: Step, left: float, log, env: dict) -> dict:
-    limit = min(step.timeout, left)
     t0 = time.monotonic()
-    log.write(f"\n===== {step.name} (limit {limit:.0f} s): {' '.join(step.argv)}\n")
+    log.write(f"\n===== {step.name}: {' '.join(step.argv)}\n")
+    device = wait_for_free_device(log)
+    limit = max(1.0, min(step.timeout, left - (time.monotonic() - t0)))  # timeout 0 would mean none
+    log.write(f"(limit {limit:.0f} s)\n")
     log.flush()
     try:
         proc = subprocess.run(["timeout", "-k", "5", str(int(limit)), *step.argv], cwd=ROOT, env={**env, **step.env},
@@ -160,7 +186,7 @@ def run_step(step: Step, left: float, log, env: dict) -> dict:
     status = "ok" if rc == 0 else "timeout" if rc in (124, 137) else "failed"
     tail = "\n".join(text.strip().splitlines()[-3:]) if status != "ok" else ""
     return {"step": step.name, "status": status, "rc": rc, "seconds": round(seconds, 1), "what": step.what,
-            "result": last_json(text), "tail": tail[-600:]}
+            "result": last_json(text), "tail": tail[-600:], **device}
 
 
 # per step, the figures of its JSON summary the table shows (fnmatch patterns over flattened keys)

@@ -51,6 +51,11 @@ class ModelConfig:
     """Compute dtype. Training keeps float32 master weights and AdamW state and runs every forward (rollout,
     logprobs, update) under autocast in this dtype; the frozen reference is held in it; checkpoints hold the
     float32 weights. eval/ask load the weights in it. float16 has no loss scaling here: prefer bfloat16."""
+    reference_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """The frozen reference's weights. ``auto``: float32, as the policy's master weights, so the reference
+    computes what the policy computes and the KL is 0 at step 0 (held in bfloat16 while the policy runs
+    float32 weights under bf16 autocast, the two round differently: k3 KL 0.0028 at step 0 on SmolLM2, an H100,
+    2026-11-27). ``bfloat16`` halves its memory at that price."""
     device: str = "auto"
     """``auto`` picks cuda when available, else cpu."""
     lora_rank: Int = 0

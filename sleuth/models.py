@@ -147,6 +147,11 @@ def compute_autocast(dtype: str, device: torch.device | str, *, cache: bool = Tr
     return torch.autocast(device_type=torch.device(device).type, dtype=DTYPES[dtype], cache_enabled=cache)
 
 
+def reference_dtype(mc) -> str:
+    """The frozen reference's dtype (``model.reference_dtype``; ``auto`` = float32, the master weights')."""
+    return "float32" if mc.reference_dtype == "auto" else mc.reference_dtype
+
+
 def load_tokenizer(source: ModelSource):
     from transformers import AutoTokenizer
 

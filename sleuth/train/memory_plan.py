@@ -14,7 +14,7 @@ What is counted (bytes per rank; P parameters, P_t trainable, N ranks, FSDP divi
   checkpointing, every block's without);
 * gradients ``4 P_t`` and AdamW state ``8 P_t`` (``/ N`` under FSDP; with ``train.offload_optimizer``
   the state is on the device at the optimizer step only);
-* reference: a frozen copy in ``model.dtype`` (none with LoRA, none without a KL term; with
+* reference: a frozen copy in ``model.reference_dtype`` (float32 by default) (none with LoRA, none without a KL term; with
   ``train.offload_reference`` on the device for its pass only);
 * critic (``algo.advantage: gae``): its own master weights, gradients and AdamW state;
 * FSDP: generation runs on the full weights, all-gathered (float32, plus their autocast copy);
@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 import torch
 
 from sleuth.config import Config
+from sleuth.models import reference_dtype
 
 FREE_SHARE = 0.10  # of the device kept for what the plan does not count
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -194,9 +195,10 @@ def make_plan(cfg: Config, shape: ModelShape, *, world_size: int = 1, capacity: 
     notes["AdamW state"] = f"{trainable / 1e6:.1f}M trainable parameters" + (
         "; offloaded: in CPU memory, on the device at the optimizer step only" if tc.offload_optimizer else "")
     use_ref = cfg.algo.kl_coef > 0 and cfg.algo.kl_mode != "none" and mc.lora_rank == 0
-    ref_bytes = compute * P  # the whole reference
+    ref_dtype = reference_dtype(mc)
+    ref_bytes = DTYPE_BYTES[ref_dtype] * P  # the whole reference
     it["reference"] = ref_bytes / shard if use_ref and not tc.offload_reference else 0.0
-    notes["reference"] = (f"frozen, {mc.dtype}" + ("; offloaded: in CPU memory, on the device for its pass only"
+    notes["reference"] = (f"frozen, {ref_dtype}" + ("; offloaded: in CPU memory, on the device for its pass only"
                                                    if tc.offload_reference else "")
                           if use_ref else "none (no KL term, or LoRA: the base)")
     it["critic"] = (8 if tc.offload_optimizer else 16) * P / shard if critic else 0.0

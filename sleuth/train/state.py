@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from sleuth.config import Config
-from sleuth.models import DTYPES, add_lora, load_policy, make_critic, pick_device
+from sleuth.models import DTYPES, add_lora, load_policy, make_critic, pick_device, reference_dtype
 from sleuth.train import distributed as par
 from sleuth.train.checkpoint import (
     load_checkpoint_file,
@@ -131,7 +131,7 @@ def build_state(cfg: Config, ctx: DistContext, sharded: bool) -> TrainState:
     if mc.lora_rank > 0:
         policy = add_lora(policy, rank=mc.lora_rank, alpha=mc.lora_alpha, targets=mc.lora_targets)
     elif use_ref:
-        ref = copy.deepcopy(policy).eval().requires_grad_(False).to(DTYPES[mc.dtype])
+        ref = copy.deepcopy(policy).eval().requires_grad_(False).to(DTYPES[reference_dtype(mc)])
         if tc.offload_reference:
             ref.to("cpu")  # train.offload_reference (FSDP: its shards, below)
     wrap = dict(parallel=tc.parallel, world_size=ctx.world_size, local_rank=ctx.local_rank)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from sleuth.config import AlgoConfig, Config
-from sleuth.models import compute_autocast
+from sleuth.models import DTYPES, compute_autocast, reference_dtype
 from sleuth.train.memory_plan import (
     MemoryPlanError,
     ModelShape,
@@ -39,8 +39,7 @@ def _measured_update_peak(policy, dtype, rows, length):
     of one update on a [rows, length] batch, the weights and reference held from the start."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    ref = copy.deepcopy(policy).eval().requires_grad_(False).to({"float32": torch.float32,
-                                                                 "bfloat16": torch.bfloat16}[dtype])
+    ref = copy.deepcopy(policy).eval().requires_grad_(False).to(DTYPES[reference_dtype(Config().model)])  # as the trainer holds it
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(5, policy.config.vocab_size, (rows, length), generator=g)
     att = torch.ones_like(ids)
@@ -194,6 +193,8 @@ def test_offload_and_fsdp_phases_by_hand():
     cfg = _cfg("bfloat16", rows=2, length=256, parallel="fsdp")
     cfg.algo.kl_coef, cfg.algo.kl_mode = 0.001, "loss"
     P, N = 10**9, 4
+    assert make_plan(cfg, shape, world_size=N).items["reference"] == 4 * P / N  # by default in float32
+    cfg.model.reference_dtype = "bfloat16"
     plain = make_plan(cfg, shape, world_size=N)
     assert plain.items["AdamW state"] == 8 * P / N and plain.items["reference"] == 2 * P / N
     assert plain.items["gathered weights"] == 4 * P * 3 / 4 + 2 * P  # float32 all-gathered + its bf16 copy

@@ -12,7 +12,7 @@ import pytest
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = ["canaries", "trainer_step", "recipe", "decode", "cuda_tests", "retrieval", "plain_loop_mfu", "compile",
+STEPS = ["canaries", "trainer_step", "trainer_step_05b", "recipe", "decode", "cuda_tests", "retrieval", "plain_loop_mfu", "compile",
          "transformers_drift"]
 
 
@@ -27,7 +27,7 @@ def test_the_gpu_check_runs_every_step_on_cpu(tmp_path):
     assert list(by_step) == STEPS
     failed = {k: (r["status"], r.get("tail")) for k, r in by_step.items() if r["status"] != "ok"}
     assert not failed and proc.returncode == 0, (failed, proc.stdout[-3000:])
-    for name in ("canaries", "trainer_step", "decode", "retrieval", "plain_loop_mfu", "compile"):
+    for name in ("canaries", "trainer_step", "trainer_step_05b", "decode", "retrieval", "plain_loop_mfu", "compile"):
         assert isinstance(by_step[name]["result"], dict), name  # its JSON summary was read
     assert by_step["recipe"]["result"]["step2.step_s"] > 0
     assert (out / "recipe_metrics.jsonl").exists()
@@ -35,3 +35,16 @@ def test_the_gpu_check_runs_every_step_on_cpu(tmp_path):
     assert len(files) <= 8, files
     table = (out / "table.txt").read_text()
     assert all(name in table for name in STEPS) and table in proc.stdout
+
+
+def test_only_runs_the_named_steps_in_its_order_and_refuses_unknown_names():
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import gpu_check
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    steps = gpu_check.steps("random-smollm2", False, True, Path("/nonexistent"))
+    assert [s.name for s in gpu_check.ordered(steps, None)] == STEPS
+    assert [s.name for s in gpu_check.ordered(steps, "recipe, canaries")] == ["recipe", "canaries"]
+    with pytest.raises(SystemExit, match="unknown steps \\['recpie'\\]"):
+        gpu_check.ordered(steps, "canaries,recpie")
