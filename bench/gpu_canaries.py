@@ -296,6 +296,9 @@ def run_canary(fn, model, tok, dev, sizes) -> dict:
     synchronize(dev)
     row["seconds"] = round(time.perf_counter() - t0, 2)
     free_memory(dev)
+    if dev.type == "cuda":  # device memory beyond PyTorch's allocator after the canary (a leak shows here)
+        free, total = torch.cuda.mem_get_info(dev)
+        row["outside_torch_gib"] = round((total - free - torch.cuda.memory_reserved(dev)) / 2**30, 3)
     return row
 
 

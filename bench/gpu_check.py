@@ -204,7 +204,8 @@ SHOW = {
                 "churn_graphs_per_new_shape", "churn_graphs_on_seen_shapes",
                 "churn_compiles_per_call", "churn_s_first_call", "churn_s_per_call", "churn_cudagraph_records",
                 "compiled_tokens_per_s", "failed"],
-    "recipe": ["step*.step_s", "step*.train_s", "step*.*peak_gib", "step*.*plan_gib", "step*.reward_mean"],
+    "recipe": ["step*.step_s", "step*.train_s", "step*.*peak_gib", "step*.*plan_gib", "step*.*outside_torch_gib",
+               "step*.reward_mean"],
 }
 
 

@@ -49,7 +49,7 @@ class ModelConfig:
     """File name inside ``name_or_path`` to load with ``gguf_file=`` (set automatically for .gguf paths)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Compute dtype. Training keeps float32 master weights and AdamW state and runs every forward (rollout,
-    logprobs, update) under autocast in this dtype; the frozen reference is held in it; checkpoints hold the
+    logprobs, update) under autocast in this dtype (the frozen reference: ``reference_dtype``); checkpoints hold the
     float32 weights. eval/ask load the weights in it. float16 has no loss scaling here: prefer bfloat16."""
     reference_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """The frozen reference's weights. ``auto``: float32, as the policy's master weights, so the reference

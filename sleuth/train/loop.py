@@ -199,13 +199,18 @@ class Trainer:
 
     def train_step(self) -> tuple[dict, list]:
         """One step (rollout, rewards, advantages, update) in ``model.dtype``; ``(metrics, trajectories)``."""
-        with self.compute():
-            return self._train_step()
+        try:
+            with self.compute():
+                return self._train_step()
+        except torch.OutOfMemoryError as e:  # where the memory went, beside the plan printed at start
+            peaks = getattr(self, "_peaks", None)
+            e.add_note(f"sleuth: step {self.step + 1} ran out of device memory; {peaks.report() if peaks else ''}")
+            raise
 
     def _train_step(self) -> tuple[dict, list]:
         cfg, tc = self.cfg, self.cfg.train
         t0 = time.perf_counter()
-        peaks = PhasePeaks(self.state.compute_device, self.memory_plan)  # CUDA: mem/<phase>_peak_gib
+        peaks = self._peaks = PhasePeaks(self.state.compute_device, self.memory_plan)  # CUDA: mem/<phase>_peak_gib
         questions = self.sampler.next(tc.questions_per_step)
         share, tp = tc.questions_per_step // self.ctx.world_size, self._tp()
         mine = questions[self.ctx.rank * share : (self.ctx.rank + 1) * share]

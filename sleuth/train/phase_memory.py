@@ -4,7 +4,11 @@ On CUDA, :class:`PhasePeaks` reads ``torch.cuda.max_memory_allocated`` at the en
 resets the peak counter, so ``mem/<phase>_peak_gib`` is the most memory tensors held during that
 phase alone (what the allocator caches beyond it is not counted, as the plan does not count it).
 ``mem/<phase>_plan_gib`` is :mod:`sleuth.train.memory_plan`'s figure for the same phase, so a run's
-metrics show how far the plan is from what happened. Elsewhere (CPU) it records nothing.
+metrics show how far the plan is from what happened. ``mem/<phase>_outside_torch_gib`` is the device
+memory in use at the phase's end beyond what PyTorch's allocator holds (``mem_get_info`` less
+``memory_reserved``: CUDA contexts, libraries' own allocations, other processes): on an H100 a GPU-config
+run ran out of memory in its first update with 60 of 79 GiB outside the allocator (2026-11-27, not yet
+explained), which these figures locate by phase. Elsewhere (CPU) it records nothing.
 """
 
 from __future__ import annotations
@@ -28,7 +32,21 @@ class PhasePeaks:
             return
         name = phase.replace(" ", "_")
         self.figures[f"mem/{name}_peak_gib"] = torch.cuda.max_memory_allocated(self.device) / GIB
+        free, total = torch.cuda.mem_get_info(self.device)
+        self.figures[f"mem/{name}_outside_torch_gib"] = (total - free - torch.cuda.memory_reserved(self.device)) / GIB
         planned = [self.plan.phases[p][0] for p in plan_phases or (phase,) if self.plan and p in self.plan.phases]
         if planned:
             self.figures[f"mem/{name}_plan_gib"] = max(planned) / GIB
         torch.cuda.reset_peak_memory_stats(self.device)
+
+    def report(self) -> str:
+        """What an out-of-memory error gets as a note: this step's phases so far and the device now."""
+        if not self.on:
+            return ""
+        free, total = torch.cuda.mem_get_info(self.device)
+        reserved = torch.cuda.memory_reserved(self.device)
+        now = (f"now: {torch.cuda.memory_allocated(self.device) / GIB:.2f} GiB allocated, {reserved / GIB:.2f} GiB "
+               f"held by PyTorch's allocator, {(total - free - reserved) / GIB:.2f} GiB in use outside it, "
+               f"{free / GIB:.2f} GiB free")
+        done = ", ".join(f"{k.removeprefix('mem/')} {v:.2f}" for k, v in self.figures.items())
+        return f"this step's phases so far (GiB): {done or 'none ended'}; {now}"

@@ -286,6 +286,18 @@ def test_the_reference_computes_what_the_policy_computes_at_step_0(world, tmp_pa
     assert half.train_step()[0]["algo/kl"] > 0.0
 
 
+def test_out_of_memory_in_a_step_keeps_its_error_and_says_which_step(world, tmp_path, monkeypatch):
+    trainer = _trainer(world, tmp_path / "oom")
+
+    def boom():
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 22.00 MiB.")
+
+    monkeypatch.setattr(trainer, "_train_step", boom)
+    with pytest.raises(torch.OutOfMemoryError, match="Tried to allocate") as info:
+        trainer.train_step()
+    assert any("step 1 ran out of device memory" in n for n in info.value.__notes__)
+
+
 def _trainer(world, out, extra=()):
     from sleuth.config_file import load_config
     from sleuth.train.loop import Trainer

@@ -68,6 +68,7 @@ def _parallel():
 
 REGISTRIES = {
     "model.dtype": ("sleuth.models.DTYPES", _dtypes),
+    "model.reference_dtype": ("sleuth.models.DTYPES + auto", lambda: [*_dtypes(), "auto"]),
     "rollout.format": ("sleuth.rollout.formats (FORMATS and PROMPT_VARIANTS)", _formats),
     "reward.kind": ("sleuth.reward.REWARD_KINDS", _reward_kinds),
     "algo.advantage": ("sleuth.algo.advantages.ADVANTAGES", _advantages),

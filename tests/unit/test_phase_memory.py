@@ -22,6 +22,8 @@ def test_each_phase_gets_its_own_peak_and_the_plans_figure(monkeypatch):
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats",
                         lambda d=None: state.update(peak=0, resets=state["resets"] + 1))
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda d=None: state["peak"])
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: (70 * gib, 80 * gib))  # 10 GiB in use
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d=None: state["peak"] + gib)  # cached: 1 more
     plan = MemoryPlan(phases={"rollout": (3 * gib, ""), "update": (5 * gib, ""), "optimizer step": (6 * gib, "")})
     peaks = PhasePeaks(torch.device("cuda"), plan)
     assert state["resets"] == 1
@@ -31,6 +33,24 @@ def test_each_phase_gets_its_own_peak_and_the_plans_figure(monkeypatch):
     state["peak"] = 7 * gib
     peaks.mark("update", "update", "optimizer step")  # the larger of the two planned phases
     assert peaks.figures == {"mem/rollout_peak_gib": 4.0, "mem/rollout_plan_gib": 3.0,
-                             "mem/logprob_passes_peak_gib": 0.0,
-                             "mem/update_peak_gib": 7.0, "mem/update_plan_gib": 6.0}
+                             "mem/rollout_outside_torch_gib": 5.0,
+                             "mem/logprob_passes_peak_gib": 0.0, "mem/logprob_passes_outside_torch_gib": 9.0,
+                             "mem/update_peak_gib": 7.0, "mem/update_plan_gib": 6.0,
+                             "mem/update_outside_torch_gib": 2.0}
     assert state["resets"] == 4
+
+
+def test_an_out_of_memory_note_names_the_phases_so_far_and_memory_outside_the_allocator(monkeypatch):
+    gib = 2**30
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda d=None: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda d=None: 4 * gib)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d=None: 3 * gib)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d=None: 19 * gib)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: (1 * gib, 80 * gib))
+    peaks = PhasePeaks(torch.device("cuda"))
+    assert "none ended" in peaks.report()
+    peaks.mark("rollout")
+    text = peaks.report()
+    assert "rollout_peak_gib 4.00" in text and "rollout_outside_torch_gib 60.00" in text
+    assert "3.00 GiB allocated, 19.00 GiB held by PyTorch's allocator, 60.00 GiB in use outside it, 1.00 GiB free" in text
+    assert PhasePeaks(torch.device("cpu")).report() == ""
