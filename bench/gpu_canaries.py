@@ -69,6 +69,7 @@ from sleuth.train.forward import batched_logprobs, token_logprobs  # noqa: E402
 from sleuth.train.memory_plan import ModelShape, make_plan  # noqa: E402
 from sleuth.train.sampler_gap import SamplerGap  # noqa: E402
 from sleuth.train.update import UpdateBatch, policy_update  # noqa: E402
+from sleuth.train.layout import RowLayout
 
 DT = "bfloat16"
 # (prompts, group size, prompt tokens, new tokens): the update's rows, the sampled rows of canaries 3-5
@@ -127,7 +128,7 @@ def run_update(model, batch, sizes, lr: float, on_step=None) -> dict:
         opt.register_step_pre_hook(lambda o, args, kwargs: on_step(model))
     model.train()
     try:
-        return policy_update(model, opt, batch, AlgoConfig(), micro_batch_size=sizes["micro"], mini_batches=1,
+        return policy_update(model, opt, batch, AlgoConfig(), RowLayout("padded", sizes["micro"]), mini_batches=1,
                              epochs=1, grad_clip=1.0, temperature=1.0)
     finally:
         model.eval()

@@ -80,6 +80,7 @@ from sleuth.models import DTYPES, compute_autocast  # noqa: E402
 from sleuth.train.forward import batched_logprobs, length_buckets  # noqa: E402
 from sleuth.train.prefix_share import common_prefix_len, computed_slots, prefix_buckets  # noqa: E402
 from sleuth.train.update import UpdateBatch, compute_advantages, policy_update  # noqa: E402
+from sleuth.train.layout import RowLayout
 
 CONFIG = BENCH.parent / "configs" / "smollm2_nq.yaml"
 DTYPE = "bfloat16"
@@ -191,9 +192,10 @@ class Bench:
             _reset_peak(dev)
             t1 = time.perf_counter()
             with compute_autocast(DTYPE, dev):  # the update's own context, nested as in Trainer._train_step
-                metrics = policy_update(self.policy, opt, batch, self.algo, micro_batch_size=a.micro_batch_size,
-                                        max_tokens=a.max_tokens, grad_clip=self.cfg.train.grad_clip,
-                                        norm_len=self.cfg.rollout.max_context_tokens, shared_prefix=shared)
+                metrics = policy_update(self.policy, opt, batch, self.algo,
+                                        RowLayout("shared_prefix" if shared else "padded", a.micro_batch_size,
+                                                  a.max_tokens), grad_clip=self.cfg.train.grad_clip,
+                                        norm_len=self.cfg.rollout.max_context_tokens)
             synchronize(dev)
             out["update_s"], out["update_gib"] = time.perf_counter() - t1, peak_memory_gb(dev)
         out.update(loss=metrics["algo/loss"], kl=metrics.get("algo/kl"))

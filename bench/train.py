@@ -55,6 +55,7 @@ from sleuth.train import forward  # noqa: E402
 from sleuth.train.forward import batched_logprobs, length_buckets, padding_share  # noqa: E402
 from sleuth.train.prefix_share import computed_share, prefix_buckets  # noqa: E402
 from sleuth.train.update import UpdateBatch, compute_advantages, policy_update  # noqa: E402
+from sleuth.train.layout import RowLayout
 
 # (the tiny benchmark's test-suite helpers are imported in main(): importing this module, e.g. for
 # rollout_rows in bench/gpu_trainer_step.py, needs no test code)
@@ -92,7 +93,7 @@ def timed_update(model, batch, algo, mbs, repeats):
         opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
         _sync(device)
         t0 = time.perf_counter()
-        policy_update(m, opt, batch, algo, micro_batch_size=mbs, grad_clip=1.0)
+        policy_update(m, opt, batch, algo, RowLayout("padded", mbs), grad_clip=1.0)
         _sync(device)
         best = min(best, time.perf_counter() - t0)
     return best
@@ -173,8 +174,8 @@ def smollm2_step(args) -> dict:
             batch = UpdateBatch(ids, att, mask, adv, old, ref_logprobs_BT=ref_lp)
             upd.token_logprobs = before_logprobs if before else real_token_logprobs
             try:
-                loss = policy_update(m, opt, batch, algo, micro_batch_size=mbs, grad_clip=1.0,
-                                     shared_prefix=shared)["algo/loss"]
+                loss = policy_update(m, opt, batch, algo, RowLayout("shared_prefix" if shared else "padded", mbs),
+                                     grad_clip=1.0)["algo/loss"]
             finally:
                 upd.token_logprobs = real_token_logprobs
         _sync(device)
@@ -295,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     ref_loss = float(_reference_loss(copy.deepcopy(model).train(), small.input_ids_BT, small.attention_mask_BT,
                                      small.loss_mask_BT, small.advantages_BT, small.old_logprobs_BT, ref_lp,
                                      algo_kl).detach())
-    ours = policy_update(m, torch.optim.SGD(m.parameters(), lr=0.0), small, algo_kl, micro_batch_size=3,
+    ours = policy_update(m, torch.optim.SGD(m.parameters(), lr=0.0), small, algo_kl, RowLayout("padded", 3),
                          grad_clip=None)["algo/loss"]
 
     result = {

@@ -1,3 +1,4 @@
 """Sleuth: train language models with reinforcement learning to reason and call a search engine."""
 
-__version__ = "0.1.0"
+import sleuth.toy  # noqa: F401  registers the embedded 'tiny' model and toy world (sleuth.named)
+from sleuth.version import __version__  # noqa: F401

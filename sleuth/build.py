@@ -18,7 +18,7 @@ from sleuth.retrieval.base import Retriever
 from sleuth.retrieval.factory import build_retriever as retriever_from_config
 from sleuth.reward import build_reward as reward_from_config
 from sleuth.rollout.formats import ProtocolFormat, get_format
-from sleuth.toy.corpus import config_world, world_corpus_path
+from sleuth.named import named_world
 from sleuth.types import Question
 
 
@@ -29,11 +29,12 @@ def load_split(spec: str, cfg: Config, limit: int | None = None) -> list[Questio
     limits = [n for n in (cfg.data.limit, limit) if n]
     limit = min(limits) if limits else None
     if spec.startswith("world:"):
-        split = spec.split(":", 1)[1]
-        if split not in ("train", "test"):
-            raise ValueError(f"data file {spec!r}: the embedded world has splits world:train and world:test")
+        split, world = spec.split(":", 1)[1], named_world()
+        if split not in world.splits:
+            raise ValueError(f"data file {spec!r}: the embedded world has splits "
+                             f"{' and '.join('world:' + s for s in world.splits)}")
         keep = PerSourceLimit(limit)  # world_1hop and world_2hop
-        return [q for q in getattr(config_world(cfg), split) if keep.take(q.data_source)]
+        return [q for q in world.questions(cfg, split) if keep.take(q.data_source)]
     return load_questions(spec, limit=limit)
 
 
@@ -57,7 +58,7 @@ def build_retriever(cfg: Config) -> Retriever:
     """The run's retriever (``retrieval.*``; ``retrieval.corpus: world`` is the toy world's corpus)."""
     rcfg = cfg.retrieval
     if rcfg.corpus == "world":
-        rcfg = replace(rcfg, corpus=str(world_corpus_path(cfg)))
+        rcfg = replace(rcfg, corpus=str(named_world().corpus_path(cfg)))
     return retriever_from_config(rcfg)
 
 

@@ -12,7 +12,7 @@ import argparse
 import importlib
 import sys
 
-from sleuth import __version__
+from sleuth.version import __version__
 from sleuth.errors import UserError
 from sleuth.retrieval.base import RetrieverDownError
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 from sleuth.device import check_device
-from sleuth.toy.cache import default_tiny_model_path
-from sleuth.train.checkpoint import previous_checkpoint
+from sleuth.named import model_dir
+from sleuth.run_layout import previous_checkpoint
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -147,6 +147,18 @@ def compute_autocast(dtype: str, device: torch.device | str, *, cache: bool = Tr
     return torch.autocast(device_type=torch.device(device).type, dtype=DTYPES[dtype], cache_enabled=cache)
 
 
+def unwrap(model):
+    """The module under a DDP wrapper (FSDP2 and peft keep the model's own class and forward)."""
+    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+
+
+def base_model(model):
+    """The plain ``transformers`` model under DDP and peft wrappers (its own config and forward)."""
+    model = unwrap(model)
+    get_base = getattr(model, "get_base_model", None)  # peft
+    return get_base() if callable(get_base) else model
+
+
 def reference_dtype(mc) -> str:
     """The frozen reference's dtype (``model.reference_dtype``; ``auto`` = float32, the master weights')."""
     return "float32" if mc.reference_dtype == "auto" else mc.reference_dtype
@@ -171,9 +183,7 @@ def load_policy(name_or_path: str, *, dtype: str = "float32", device: str = "aut
 
     if dtype not in DTYPES:
         raise ValueError(f"model.dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-    if name_or_path == "tiny":
-        name_or_path = str(default_tiny_model_path())
-    source = resolve_model(name_or_path, gguf_file)
+    source = resolve_model(model_dir(name_or_path), gguf_file)  # "tiny": the embedded model (sleuth.named)
     target = pick_device(device)  # a bad device fails before the (slow) load
     kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
     try:

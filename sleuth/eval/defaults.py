@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from sleuth.errors import UserError
-from sleuth.toy.recipe import demo_config
+from sleuth.named import named_model
 
 # Rollout settings a run was trained with; ``eval``/``ask`` on that run default to them.
 RUN_ROLLOUT_KEYS = ("format", "max_turns", "max_tokens_per_turn", "max_obs_tokens", "max_context_tokens",
@@ -44,8 +44,9 @@ def run_defaults(model: str) -> dict:
     (only what is known): the embedded ``tiny`` model's are the demo's, a Sleuth run's (or one of its
     checkpoints') come from its ``config.yaml``; other models have none. Evaluating a run under
     another budget (say 3 passages where it was trained on 1) measures something else."""
-    if model == "tiny":
-        cfg = asdict(demo_config("tiny", steps=1, seed=0, fmt="search_r1_tiny"))
+    named = named_model(model)
+    if named is not None and named.run_config is not None:
+        cfg = asdict(named.run_config())
     else:
         cfg = _run_config(model) or {}
     rollout, retrieval = cfg.get("rollout"), cfg.get("retrieval")

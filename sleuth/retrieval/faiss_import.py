@@ -19,7 +19,7 @@ import os
 import time
 from pathlib import Path
 
-from sleuth import __version__
+from sleuth.version import __version__
 from sleuth.retrieval.corpus import ingest_jsonl
 from sleuth.retrieval.dense import FLAT_TYPES, INDEX_FILE, PARAMS_FILE, read_mapped
 from sleuth.retrieval.encoder import encode_queries, load_encoder

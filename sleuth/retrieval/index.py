@@ -25,7 +25,7 @@ import shutil
 import time
 from pathlib import Path
 
-from sleuth import __version__
+from sleuth.version import __version__
 from sleuth.device import check_device
 from sleuth.retrieval.encoder import resolve_encode_dtype
 from sleuth.retrieval.base import IndexFileError, Retriever

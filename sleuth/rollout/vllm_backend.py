@@ -11,21 +11,21 @@ logprobs (temperature 1) and the engine is built without the option.
 
 Training (``rollout.backend: vllm``, :meth:`VLLMBackend.from_trainer`): the engine is built in
 this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) from the policy's config and tokenizer with
-``load_format="dummy"`` (no checkpoint is written or read), then :meth:`VLLMBackend.sync_weights`
-pushes the trainer's weights into it: at start and after every update. The push calls the vLLM
+``load_format="dummy"`` (no checkpoint is written or read), then :meth:`VLLMBackend.load_weights`
+takes the trainer's weights (``sleuth.train.engine`` unwraps, merges LoRA and gathers FSDP shards):
+at start and after every update. The push calls the vLLM
 model's own ``load_weights`` (which maps Hugging Face names onto its fused layers) through, in
 order of preference: the model runner reached by attribute (V0, and V1 in-process:
 ``llm.llm_engine.model_executor.driver_worker.worker.model_runner.model``), or
 ``LLM.apply_model`` (V1; ships the weights to the worker when the engine runs in another
 process). The prefix cache is reset after a push: cached keys/values were computed by the old
-weights. LoRA policies (peft) are pushed merged (``W + delta``, computed out of place).
+weights.
 
 Under torchrun every rank builds its own engine at the same time, in vLLM's external launcher
 mode (``distributed_executor_backend="external_launcher"``): the engine joins the trainer's
 process group instead of spawning workers; ``rollout.vllm_tensor_parallel_size`` ranks hold one
 engine (they must submit the same prompts, with the same engine seed). Each rank pushes the full
-weights into its engine (FSDP shards are gathered tensor by tensor; vLLM's ``load_weights``
-keeps its tensor-parallel slice). With ``rollout.vllm_sleep`` the engine sleeps (level 2: weights
+weights into its engine (vLLM's ``load_weights`` keeps its tensor-parallel slice). With ``rollout.vllm_sleep`` the engine sleeps (level 2: weights
 and KV cache freed) from the end of a rollout until the next push, which wakes the weights'
 memory, loads them, then wakes the KV cache. :meth:`VLLMBackend.close` shuts the engine down
 while the process group is alive. Written against vLLM 0.32.0 (``pip install 'sleuth[gpu]'``)
@@ -39,7 +39,6 @@ import os
 from pathlib import Path
 
 import torch
-from torch.distributed.tensor import DTensor
 
 from sleuth.errors import UserError
 from sleuth.rollout.backends import GenerationResult, SamplingParams, check_prompts, finish_from_server, row_caps
@@ -91,9 +90,10 @@ class VLLMBackend:
         self.eos_token_ids = list(eos_token_ids)
 
     @classmethod
-    def from_trainer(cls, policy, tokenizer, work_dir, rollout, *, dtype: str, seed: int = 0,
+    def from_trainer(cls, model, tokenizer, work_dir, rollout, *, dtype: str, seed: int = 0,
                      rank: int = 0, world_size: int = 1) -> "VLLMBackend":
-        """An engine for training rollouts on ``policy``'s architecture, holding ``policy``'s weights.
+        """An engine for training rollouts on ``model``'s architecture (the plain ``transformers`` model,
+        unwrapped), with dummy weights until the trainer pushes its own (:meth:`load_weights`).
 
         ``work_dir`` receives the config and tokenizer the engine is built from (kilobytes; one
         directory per rank under torchrun); ``rollout`` is the run's ``RolloutConfig`` (engine
@@ -112,7 +112,7 @@ class VLLMBackend:
         require_vllm("rollout.backend=vllm")
         work_dir = Path(work_dir) / f"rank_{rank}" if world_size > 1 else Path(work_dir)
         work_dir.mkdir(parents=True, exist_ok=True)
-        plain = _base_model(policy)
+        plain = model
         if not plain.config.architectures:  # vLLM picks its model class from this field
             plain.config.architectures = [type(plain).__name__]
         plain.config.save_pretrained(work_dir)
@@ -129,24 +129,22 @@ class VLLMBackend:
         with kept_rng_state():  # building the engine seeds every generator: the run's stay as they were
             backend = cls(str(work_dir), eos_token_ids=eos_ids(plain, tokenizer), **engine)
         backend.sleep_mode = rollout.vllm_sleep
-        backend.sync_weights(policy)
         return backend
 
     sleep_mode = False  # engines built by from_trainer with rollout.vllm_sleep
     asleep = False
 
     def sleep(self) -> None:
-        """Free the engine's weights and KV cache until the next :meth:`sync_weights` (vLLM sleep
+        """Free the engine's weights and KV cache until the next :meth:`load_weights` (vLLM sleep
         level 2: nothing is kept, the next push brings the weights); a no-op without sleep mode."""
         if self.sleep_mode and not self.asleep:
             self.llm.sleep(level=2)
             self.asleep = True
 
-    def sync_weights(self, model) -> int:
-        """Copy ``model``'s current weights into the engine (waking it first: its weights' memory,
-        then, once they are in, its KV cache); returns how many tensors were pushed. Under FSDP
-        every rank calls this (the full weights are gathered tensor by tensor)."""
-        weights = trainer_weights(model)
+    def load_weights(self, weights: list[tuple[str, torch.Tensor]]) -> int:
+        """Copy ``(name, tensor)`` pairs in Hugging Face naming into the engine (waking it first: its
+        weights' memory, then, once they are in, its KV cache); returns how many tensors were pushed.
+        The trainer's side (unwrapping, LoRA merge, FSDP gathering) is ``sleuth.train.engine``'s."""
         if self.asleep:
             self.llm.wake_up(tags=["weights"])
         load_into_engine(self.llm, weights)
@@ -197,7 +195,7 @@ class VLLMBackend:
         check_prompts(prompts, seeds)
         if self.llm is None or self.asleep:
             raise RuntimeError("this vLLM engine is " + ("closed" if self.llm is None else
-                               "asleep: sync_weights() wakes it with the current weights"))
+                               "asleep: load_weights() wakes it with the current weights"))
         caps = row_caps(params, len(prompts), max_new_tokens)
         results = [GenerationResult([], [], "length") for _ in prompts]
         rows = [i for i, c in enumerate(caps) if c > 0]
@@ -244,43 +242,6 @@ def kept_rng_state():
         np.random.set_state(npy)
         if cuda is not None:
             torch.cuda.set_rng_state_all(cuda)
-
-
-def _base_model(model):
-    """The plain ``transformers`` model under DDP / peft wrappers."""
-    model = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
-    get_base = getattr(model, "get_base_model", None)  # peft
-    return get_base() if callable(get_base) else model
-
-
-def trainer_weights(model) -> list[tuple[str, torch.Tensor]]:
-    """``(name, tensor)`` in Hugging Face naming: ``model``'s state dict, detached (no copy).
-
-    A peft LoRA model gives its base weights with the active adapters' deltas added out of place
-    (the trainer's weights are never touched) and no adapter tensors.
-    """
-    model = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
-    base = _base_model(model)
-    if base is model:  # FSDP2 gives DTensor shards: each is gathered (a collective, same order on every rank)
-        return [(name, t.full_tensor() if isinstance(t, DTensor) else t.detach())
-                for name, t in model.state_dict().items()]
-    from peft.tuners.lora import LoraLayer
-
-    deltas = {}
-    with torch.no_grad():
-        for name, mod in base.named_modules():
-            if isinstance(mod, LoraLayer) and not getattr(mod, "merged", False):
-                for adapter in mod.active_adapters:
-                    if adapter in mod.lora_A:
-                        delta = mod.get_delta_weight(adapter)
-                        deltas[f"{name}.weight"] = deltas.get(f"{name}.weight", 0) + delta
-        out = []
-        for name, t in base.state_dict().items():
-            if "lora_" in name:
-                continue
-            name = name.replace(".base_layer.", ".")
-            out.append((name, (t + deltas[name].to(t.dtype)) if name in deltas else t.detach()))
-    return out
 
 
 class _LoadWeights:

@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from sleuth.train import distributed as par
+from sleuth.run_layout import previous_checkpoint
 from sleuth.train.files import fsync_path, fsync_tree, write_text_atomic
 
 
@@ -132,14 +133,6 @@ def save_checkpoint(
     for old in older[: max(len(older) - (keep - 1), 0)] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
-
-
-def previous_checkpoint(ckpt: Path) -> Path | None:
-    """The newest complete checkpoint of the same run older than ``ckpt``, or None."""
-    root = ckpt.parent
-    older = [p for p in root.glob("step_*") if p.is_dir() and ".tmp-" not in p.name and p.name < ckpt.name
-             and (p / "trainer_state.pt").exists()]
-    return max(older, default=None)
 
 
 def damaged_checkpoint_error(ckpt: Path, file: Path, problem: str) -> CheckpointError:

@@ -30,6 +30,8 @@ import contextlib
 
 import torch
 
+from sleuth.models import unwrap
+
 # model types whose causal-LM forward is ``lm_head(slice_logits_to_keep(hidden, logits_to_keep))`` and
 # nothing after it (read in transformers' modeling files); others compute full logits
 PLAIN_HEAD_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3", "smollm3", "olmo2"})
@@ -156,14 +158,9 @@ def chunked_head_logprobs(hidden_NH: torch.Tensor, weight_VH: torch.Tensor, bias
                                bool(with_entropy))
 
 
-def _inner(model):
-    """The module under a DDP wrapper (FSDP2 and peft keep the model's own class and forward)."""
-    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
-
-
 def supports_chunked_head(model) -> bool:
     """Whether :func:`scoring_head` applies: a plain-head model family with an ``nn.Linear`` output layer."""
-    inner = _inner(model)
+    inner = unwrap(model)
     config = getattr(inner, "config", None)
     if getattr(config, "model_type", None) not in PLAIN_HEAD_MODELS or not hasattr(inner, "get_output_embeddings"):
         return False
@@ -180,7 +177,7 @@ def scoring_head(model, tokens_N: torch.Tensor, *, temperature: float, with_entr
     take no boolean ``logits_to_keep``; the model then gives its output layer every position) the
     layer takes the [B, T, H] hidden states and keeps the True positions of ``keep_BT`` itself. The
     weight is read at call time (FSDP2 unshards it for the forward)."""
-    head = _inner(model).get_output_embeddings()
+    head = unwrap(model).get_output_embeddings()
 
     def forward(hidden_NH: torch.Tensor) -> torch.Tensor:
         if keep_BT is not None and hidden_NH.shape[:-1] == keep_BT.shape:

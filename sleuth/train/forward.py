@@ -37,6 +37,7 @@ import torch
 from transformers import DynamicCache
 
 from sleuth.algo.logprobs import entropy_from_logits, logprobs_and_entropy
+from sleuth.models import unwrap
 from sleuth.rollout.hf_backend import cache_kwarg
 from sleuth.train.chunked_head import scoring_head, supports_chunked_head
 from sleuth.train.prefix_share import prefix_buckets, shared_split
@@ -92,7 +93,7 @@ def supports_packing(model) -> bool:
     transformers whose masking utilities detect packed position ids."""
     import transformers.masking_utils as masking  # lazy: read once per call site, after transformers is loaded
 
-    inner = _wrapped(model)
+    inner = unwrap(model)
     inner = getattr(inner, "body", inner)  # sleuth.models.ValueHead: its decoder
     config = getattr(inner, "config", None)
     return (getattr(config, "model_type", None) in PACKING_MODELS
@@ -124,16 +125,11 @@ def _keeps_masked_logits() -> bool:
     return hasattr(mu, "slice_logits_to_keep")
 
 
-def _wrapped(model):
-    """The module under a DDP wrapper (FSDP2 and peft keep the model's own class and forward)."""
-    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
-
-
 def selected_logits(model, input_ids_BT, attention_mask_BT, position_ids_BT, keep_BT, *, cache=None) -> torch.Tensor:
     """Logits [N, V] at the True positions of ``keep_BT`` (row-major order), through the model's own
     forward (``position_ids_BT`` None: the model's default positions). ``cache``: a KV cache the forward
     reads (its columns come before these) and extends."""
-    inner = _wrapped(model)
+    inner = unwrap(model)
     takes_mask = _keeps_masked_logits() and hasattr(inner, "get_output_embeddings")
     kwargs = {"logits_to_keep": keep_BT} if takes_mask else {}
     if cache is not None:
@@ -271,7 +267,7 @@ def _shared_logprobs(model, input_ids_BT, attention_mask_BT, needed_BT, *, tempe
     if Q == 0:
         return _needed_logprobs(model, input_ids_BT, attention_mask_BT, positions_BT, needed_BT,
                                 temperature=temperature, with_entropy=with_entropy, entropy_grad=entropy_grad)
-    inner = _wrapped(model)
+    inner = unwrap(model)
     cache = DynamicCache(config=inner.config)
     scoring = {"temperature": temperature, "with_entropy": with_entropy, "entropy_grad": entropy_grad, "cache": cache}
     # 1. the common tokens 0..Q-1, once: their logits score columns 1..Q (common tokens too)

@@ -31,22 +31,17 @@ from sleuth.config_file import to_dict, validate
 from sleuth.eval.evaluate import evaluate
 from sleuth.eval.metrics import EvalPerf, EvalSummary, summarize
 from sleuth.models import compute_autocast
-from sleuth.reward.trajectory import assign_rewards, reward_metrics
-from sleuth.rollout.batching import trajectories_to_batch
-from sleuth.rollout.hf_cache import supports_reuse
-from sleuth.rollout.hf_static import hf_backend
-from sleuth.rollout.loop import run_rollouts
 from sleuth.train import distributed as par
 from sleuth.train import reduce
 from sleuth.train.checkpoint import latest_checkpoint
+from sleuth.train.collect import ScoredBatch, collect
 from sleuth.train.distributed import init_distributed
-from sleuth.train.failed_searches import leave_out, retriever_down_error
-from sleuth.train.forward import batched_logprobs, batched_values, length_buckets, padding_share, supports_packing
+from sleuth.train.engine import RolloutEngine
+from sleuth.train.layout import RowLayout
+from sleuth.train.learn import learn, sampler_logprobs_are_old
 from sleuth.train.logging import MetricsLogger, truncate_logs
 from sleuth.train.memory_plan import check_memory
-from sleuth.train.offload import on_device
 from sleuth.train.phase_memory import PhasePeaks
-from sleuth.train.prefix_share import computed_share, prefix_buckets
 from sleuth.train.rundir import check_run_dir, warn_changed_settings, write_run_config
 from sleuth.train.sampler import CollapseWatch, QuestionSampler
 from sleuth.train.sampler_gap import SamplerGap
@@ -58,7 +53,6 @@ from sleuth.train.state import (
     seed_everything,
     set_determinism,
 )
-from sleuth.train.update import UpdateBatch, compute_advantages, policy_update
 
 
 class Trainer:
@@ -78,8 +72,7 @@ class Trainer:
         self.policy, self.tokenizer, self.optimizer = self.state.policy, self.state.tokenizer, self.state.optimizer
         self.sampler_gap = SamplerGap(cfg.train.sampler_check_every, cfg.train.sampler_max_gap,
                                       device=self.state.compute_device, dtype=cfg.model.dtype)
-        self.packed = self._packing()
-        self.shared = self._sharing()
+        self.layout = RowLayout.choose(cfg.train, self.policy, warn=self.ctx.is_main)  # padded, packed or shared
         self.fmt, self.retriever, self.reward_fn = build_format(cfg), build_retriever(cfg), build_reward(cfg)
         self.sampler = QuestionSampler(train_questions(cfg), seed=cfg.train.seed, shuffle=cfg.data.shuffle)
         if len(self.sampler.questions) < cfg.train.questions_per_step:
@@ -97,65 +90,19 @@ class Trainer:
             self.out.mkdir(parents=True, exist_ok=True)
             write_run_config(cfg, self.out)  # atomically; a file already holding these settings is kept as is
             truncate_logs(self.out, self.step)  # a resumed run re-does the steps after its checkpoint
-        # the vLLM rollout engine, built after a resume so that it starts from the current weights
-        self.vllm = self._build_vllm() if cfg.rollout.backend == "vllm" else None
-        self._hf = None  # the HF-family rollout backend, built at the first rollout and kept (a compiled step too)
+        self.engine = RolloutEngine(cfg, self.policy, self.tokenizer, self.ctx, self.out)
+        self.engine.start()  # vLLM: built after a resume, so that it starts from the current weights
         self.logger = MetricsLogger(self.out, total_steps=cfg.train.total_steps, tensorboard=cfg.train.tensorboard,
                                     wandb=cfg.train.wandb, config=to_dict(cfg), enabled=self.ctx.is_main,
                                     progress=progress, resume=resume and self.step > 0)
-
-    def _packing(self) -> bool:
-        """``train.remove_padding`` where the model supports it (else a warning: the run goes padded)."""
-        if not self.cfg.train.remove_padding:
-            return False
-        if supports_packing(self.policy):
-            return True
-        if self.ctx.is_main:
-            config = getattr(self.policy, "config", None)
-            print(f"warning: train.remove_padding is set but {getattr(config, 'model_type', type(self.policy).__name__)!r}"
-                  f" with attention {getattr(config, '_attn_implementation', None)!r} cannot run packed rows "
-                  "(sleuth.train.forward.supports_packing); the micro-batches run padded", flush=True)
-        return False
-
-    def _sharing(self) -> bool:
-        """``train.share_prefix`` where the model's KV cache is plain full attention (else a warning: the
-        micro-batches run whole)."""
-        if not self.cfg.train.share_prefix:  # settings it cannot run with: refused before loading (state.py)
-            return False
-        if supports_reuse(self.policy):
-            return True
-        if self.ctx.is_main:
-            print(f"warning: train.share_prefix is set but {type(self.policy).__name__}'s KV cache is not plain "
-                  "full attention (sleuth.rollout.hf_cache.supports_reuse); the micro-batches run whole", flush=True)
-        return False
 
     def compute(self):
         """The context every forward of the run executes in (autocast to ``model.dtype``)."""
         return compute_autocast(self.cfg.model.dtype, self.state.compute_device)
 
-    def _build_vllm(self):
-        """The vLLM rollout engine (``rollout.backend: vllm``), holding the policy's current weights."""
-        from sleuth.rollout.vllm_backend import VLLMBackend  # lazy: only rollout.backend=vllm runs need it
-
-        with par.gathered(self.policy):  # FSDP: the push gathers the full weights on every rank
-            return VLLMBackend.from_trainer(self.policy, self.tokenizer, self.out / "vllm_engine", self.cfg.rollout,
-                                            dtype=self.cfg.model.dtype, seed=self.cfg.train.seed,
-                                            rank=self.ctx.rank, world_size=self.ctx.world_size)
-
-    def _sync_engine(self) -> None:
-        """Push the policy's weights into the vLLM engine (every rank; waking it if it sleeps)."""
-        with par.gathered(self.policy):
-            self.vllm.sync_weights(self.policy)
-
-    def _tp(self) -> int:
-        """Ranks that generate together: a tensor-parallel vLLM engine's group (1 otherwise)."""
-        return self.cfg.rollout.vllm_tensor_parallel_size if self.vllm is not None else 1
-
     def close(self) -> None:
         """Shut the vLLM engine down (while the process group is alive); a no-op without one."""
-        engine, self.vllm = getattr(self, "vllm", None), None
-        if engine is not None:
-            engine.close()
+        self.engine.close()
 
     # -- checkpoints -------------------------------------------------------------------------
     def save(self) -> Path | None:
@@ -183,140 +130,40 @@ class Trainer:
 
     # -- one step ----------------------------------------------------------------------------
     def backend(self):
-        """The rollout engine: the vLLM engine, else the HF backend ``rollout.backend`` names."""
-        if self.vllm is not None:
-            return self.vllm
-        if self._hf is None:
-            self._hf = hf_backend(self.policy, self.tokenizer, self.cfg.rollout)
-        return self._hf
+        """What generates the rollouts (``sleuth.train.engine.RolloutEngine.backend``)."""
+        return self.engine.backend()
 
     def rollout(self, questions, *, greedy=False, group_size=None, step=0, keep=None):
-        self.policy.eval()
-        backend = self.backend()
-        return run_rollouts(questions, backend, self.tokenizer, self.fmt, self.retriever, self.cfg.rollout,
-                            seed=self.cfg.train.seed, step=step, k=self.cfg.retrieval.topk, greedy=greedy,
-                            group_size=group_size, keep=keep)
+        return self.engine.rollout(questions, self.fmt, self.retriever, step=step, greedy=greedy,
+                                   group_size=group_size, keep=keep)
 
     def train_step(self) -> tuple[dict, list]:
-        """One step (rollout, rewards, advantages, update) in ``model.dtype``; ``(metrics, trajectories)``."""
+        """One step, ``learn(collect(step))``, in ``model.dtype``; ``(metrics, trajectories)``."""
+        self._peaks = PhasePeaks(self.state.compute_device, self.memory_plan)  # CUDA: mem/<phase>_peak_gib
         try:
             with self.compute():
-                return self._train_step()
+                batch = self.collect()
+                metrics = self.learn(batch)
         except torch.OutOfMemoryError as e:  # where the memory went, beside the plan printed at start
-            peaks = getattr(self, "_peaks", None)
-            e.add_note(f"sleuth: step {self.step + 1} ran out of device memory; {peaks.report() if peaks else ''}")
+            e.add_note(f"sleuth: step {self.step + 1} ran out of device memory; {self._peaks.report()}")
             raise
+        metrics = reduce.reduce_metrics(metrics, world_size=self.ctx.world_size,
+                                        question_ids=[q.id for q in batch.questions])
+        return metrics, batch.trajectories
 
-    def _train_step(self) -> tuple[dict, list]:
-        cfg, tc = self.cfg, self.cfg.train
-        t0 = time.perf_counter()
-        peaks = self._peaks = PhasePeaks(self.state.compute_device, self.memory_plan)  # CUDA: mem/<phase>_peak_gib
-        questions = self.sampler.next(tc.questions_per_step)
-        share, tp = tc.questions_per_step // self.ctx.world_size, self._tp()
-        mine = questions[self.ctx.rank * share : (self.ctx.rank + 1) * share]
-        first = self.ctx.rank // tp * tp  # a tensor-parallel engine's ranks generate their questions together
-        together = questions[first * share : (first + tp) * share]
-        mbs, temp = (tc.micro_batch_size, tc.max_tokens_per_micro_batch), max(cfg.rollout.temperature, 1e-6)
-        with par.gathered(self.policy):  # FSDP: full weights for generation and the no-grad forward
-            own = range((self.ctx.rank - first) * share, (self.ctx.rank - first + 1) * share)
-            trajs, metrics = self.rollout(together, step=self.step, keep=own if tp > 1 else None)
-            if self.vllm is not None:  # its weights and KV cache are freed for the update; the push wakes it
-                self.vllm.sleep()
-            t_rollout = time.perf_counter() - t0
-            peaks.mark("rollout")
-            rb = trajectories_to_batch(trajs, self.tokenizer.pad_token_id)
-            device = next(self.policy.parameters()).device
-            ids, att, mask = (rb.input_ids_BT.to(device), rb.attention_mask_BT.to(device),
-                              rb.loss_mask_BT.to(device))
-            reuse = self.sampler_logprobs_are_old()
-            if reuse and not self.sampler_gap.needs_forward(self.step):
-                old = rb.old_logprobs_BT.to(device)  # the same quantity: one no-grad forward saved
-            else:
-                old = batched_logprobs(self.policy, ids, att, micro_batch_size=mbs[0], max_tokens=mbs[1],
-                                       temperature=temp, needed_BT=mask, packed=self.packed,
-                                       shared_prefix=self.shared)
-                if reuse:  # a check step, or recomputing since a check found the gap too large
-                    metrics.update(self.sampler_gap.compare(rb.old_logprobs_BT, old, mask, self.step))
-        group_ids, mask = self._leave_out_failed_searches(trajs, rb.group_ids, mask, metrics)
-        rewards = assign_rewards(trajs, self.reward_fn)  # each trajectory's reward, also kept in t.reward
-        metrics.update(reward_metrics(trajs, rewards))
-        turns = sum(t.num_turns for t in trajs)
-        metrics["rollout/invalid_rate"] = sum(t.num_invalid for t in trajs) / max(turns, 1)
-        ref = self._ref_logprobs(ids, att, mask, mbs, temp) if self.state.use_ref else None
-        values = returns = None
-        if self.state.critic is not None:
-            with par.gathered(self.state.critic):
-                values = batched_values(self.state.critic, ids, att, micro_batch_size=mbs[0], max_tokens=mbs[1],
-                                        packed=self.packed)
-        peaks.mark("logprob passes", "reference pass")  # old (unless the sampler's), reference, critic values
-        scores = torch.tensor(rewards, dtype=torch.float32, device=device)
-        adv, returns = compute_advantages(cfg.algo, scores, group_ids, mask, old_logprobs_BT=old,
-                                          ref_logprobs_BT=ref, values_BT=values)
-        batch = UpdateBatch(ids, att, mask, adv, old, sampler_logprobs_BT=rb.old_logprobs_BT.to(device),
-                            ref_logprobs_BT=ref, returns_BT=returns, old_values_BT=values)
-        self.policy.train()
-        # FSDP: the update casts weights at each use (an autocast cache would gather a full copy of the model)
-        with compute_autocast(cfg.model.dtype, self.state.compute_device, cache=not self.state.sharded):
-            metrics.update(policy_update(
-                self.state.model, self.optimizer, batch, cfg.algo, micro_batch_size=mbs[0], max_tokens=mbs[1],
-                mini_batches=tc.mini_batches, epochs=tc.epochs, grad_clip=tc.grad_clip, temperature=temp,
-                scheduler=self.state.scheduler, seed=tc.seed * 1_000_003 + self.step, critic=self.state.critic_model,
-                critic_optimizer=self.state.critic_opt, critic_scheduler=self.state.critic_scheduler,
-                norm_len=cfg.rollout.max_context_tokens, train_policy=not 0 < self.step <= tc.critic_warmup_steps,
-                packed=self.packed, shared_prefix=self.shared,
-            ))
-        peaks.mark("update", "update", "optimizer step")
-        if self.vllm is not None:  # the next rollout samples from the updated weights
-            t_sync = time.perf_counter()
-            self._sync_engine()
-            metrics["perf/weight_sync_s"] = time.perf_counter() - t_sync
-        lengths = rb.lengths_B.tolist()
-        total = time.perf_counter() - t0
-        metrics.update({
-            **({"perf/computed_token_share": computed_share(ids, att, prefix_buckets(ids, att, *mbs))} if self.shared
-               else {"perf/padding_share": padding_share(lengths, length_buckets(lengths, *mbs, packed=self.packed),
-                                                         packed=self.packed)}),
-            "perf/trained_token_share": float(mask.sum() / att.sum()),
-            "perf/step_s": total,
-            "perf/train_s": total - t_rollout,
-            "perf/tokens_per_s": float(att.sum()) / max(total, 1e-9),
-            **peaks.figures,
-        })
-        metrics = reduce.reduce_metrics(metrics, world_size=self.ctx.world_size, question_ids=[q.id for q in mine])
-        return metrics, trajs
+    def collect(self) -> ScoredBatch:
+        """This step's questions rolled out, scored and as tensors (``sleuth.train.collect``)."""
+        return collect(self.step, sampler=self.sampler, engine=self.engine, fmt=self.fmt, retriever=self.retriever,
+                       reward_fn=self.reward_fn, cfg=self.cfg, ctx=self.ctx, peaks=self._peaks,
+                       latest_checkpoint=lambda: latest_checkpoint(self.out))
+
+    def learn(self, batch: ScoredBatch) -> dict:
+        """One update on ``batch`` (``sleuth.train.learn``); the step's metrics, this rank's."""
+        return learn(batch, step=self.step, cfg=self.cfg, state=self.state, engine=self.engine, layout=self.layout,
+                     sampler_gap=self.sampler_gap, peaks=self._peaks)
 
     def sampler_logprobs_are_old(self) -> bool:
-        """Whether the rollout's own logprobs serve as the old policy's: one on-policy pass (one epoch,
-        one mini-batch), sampled by our HF decode from the weights being trained at the training
-        temperature, so they are ``log_softmax(logits / T)`` of the same tokens (equal to float
-        rounding). Not with TIS, which compares the two, nor with vLLM (another engine)."""
-        cfg, tc = self.cfg, self.cfg.train
-        return (tc.epochs == 1 and tc.mini_batches == 1 and cfg.algo.tis_cap is None and self.vllm is None
-                and cfg.rollout.temperature > 0)
-
-    def _leave_out_failed_searches(self, trajs, group_ids: list[str], mask_BT: torch.Tensor, metrics: dict):
-        """:func:`sleuth.train.failed_searches.leave_out` (a collective under torchrun); a step whose
-        every search failed on every rank stops the run (RetrieverDownError) before the update."""
-        errors, ok = reduce.all_sum([sum(t.num_retrieval_errors for t in trajs), sum(t.num_searches for t in trajs)],
-                                    mask_BT.device)
-        if errors and not ok:
-            raise retriever_down_error(trajs, self.cfg, self.step, int(errors), latest_checkpoint(self.out))
-        group_ids, mask_BT, n_failed = leave_out(trajs, group_ids, mask_BT)
-        metrics["rollout/failed_search_trajectories"] = float(n_failed)
-        return group_ids, mask_BT
-
-    def _ref_logprobs(self, ids, att, mask, mbs, temp):
-        """The frozen reference's logprobs at the trained tokens: a separate copy, or (LoRA) the policy
-        without adapters."""
-        if self.state.ref is not None:
-            with on_device(self.state.ref, self.state.compute_device, offloaded=self.state.ref_offloaded), \
-                    par.gathered(self.state.ref):
-                return batched_logprobs(self.state.ref, ids, att, micro_batch_size=mbs[0], max_tokens=mbs[1],
-                                        temperature=temp, needed_BT=mask, packed=self.packed,
-                                        shared_prefix=self.shared)
-        with self.policy.disable_adapter():
-            return batched_logprobs(self.policy, ids, att, micro_batch_size=mbs[0], max_tokens=mbs[1],
-                                    temperature=temp, needed_BT=mask, packed=self.packed, shared_prefix=self.shared)
+        return sampler_logprobs_are_old(self.cfg, self.engine)
 
     def evaluate(self, *, no_search: bool = False) -> dict:
         """Greedy, one sample per question, the same rollout code (``sleuth.eval.evaluate``);
@@ -330,7 +177,7 @@ class Trainer:
         rows: list[dict] = []
         if mine:
             # a rank's own vLLM engine evaluates its share (a tensor-parallel one would need the group's)
-            engine = self.backend() if self._tp() == 1 else None
+            engine = self.backend() if self.engine.tp == 1 else None
             self.policy.eval()
             with self.compute():
                 summary, rows = evaluate(self.policy, self.tokenizer, mine, self.fmt, self.retriever, self.cfg.rollout,
@@ -413,6 +260,5 @@ class Trainer:
             if ckpt is not None:
                 self._resume(ckpt)
                 self.watch.history.clear()
-                if self.vllm is not None:
-                    self._sync_engine()
+                self.engine.push()
         return False

@@ -48,6 +48,7 @@ import torch
 
 from sleuth.config import Config
 from sleuth.models import reference_dtype
+from sleuth.named import model_dir
 
 FREE_SHARE = 0.10  # of the device kept for what the plan does not count
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -96,12 +97,7 @@ def load_shape(cfg: Config) -> ModelShape:
 
     from sleuth.models import resolve_model  # lazy: transformers only when a plan is made
 
-    name = cfg.model.name_or_path
-    if name == "tiny":
-        from sleuth.toy.cache import default_tiny_model_path  # lazy: the toy world only for the tiny model
-
-        name = str(default_tiny_model_path())
-    source = resolve_model(name, cfg.model.gguf_file)
+    source = resolve_model(model_dir(cfg.model.name_or_path), cfg.model.gguf_file)  # "tiny": sleuth.named
     kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
     return ModelShape.from_config(AutoConfig.from_pretrained(source.path, **kwargs))
 

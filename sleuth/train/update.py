@@ -20,7 +20,7 @@ KL is subtracted from the row's score before the group statistics.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -42,8 +42,8 @@ from sleuth.algo.losses import (
     value_loss,
 )
 from sleuth.config import AlgoConfig
-from sleuth.train.forward import critic_values, length_buckets, token_logprobs
-from sleuth.train.prefix_share import prefix_buckets
+from sleuth.train.forward import critic_values, token_logprobs
+from sleuth.train.layout import RowLayout
 from sleuth.train.reduce import all_max, all_ranks_true, all_sum, global_whiten, world_info
 
 
@@ -100,7 +100,7 @@ def compute_advantages(
 
 
 def _micro_loss(policy, b: UpdateBatch, rows: list[int], algo: AlgoConfig, denom: float, temperature: float,
-                norm_len: float | None, packed: bool = False, shared_prefix: bool = False):
+                norm_len: float | None, layout: RowLayout):
     """Loss of one micro-batch (already divided by the mini-batch denominator) and its stats."""
     lengths = b.attention_mask_BT[rows].sum(-1)
     L = int(lengths.max())
@@ -116,7 +116,7 @@ def _micro_loss(policy, b: UpdateBatch, rows: list[int], algo: AlgoConfig, denom
         policy, take(b.input_ids_BT), take(b.attention_mask_BT), temperature=temperature, with_entropy=True,
         entropy_grad=need_entropy,  # a metric only at coefficient 0: no graph (no [B, T, V] softmax kept)
         needed_BT=mask_BT,  # the output layer at trained positions only
-        packed=packed, shared_prefix=shared_prefix,
+        packed=layout.packed, shared_prefix=layout.shared_prefix,
     )
     old_BT = take(b.old_logprobs_BT)
     tis_BT = None
@@ -169,9 +169,8 @@ def policy_update(
     optimizer: torch.optim.Optimizer,
     batch: UpdateBatch,
     algo: AlgoConfig,
+    layout: RowLayout,
     *,
-    micro_batch_size: int,
-    max_tokens: int | None = None,
     mini_batches: int = 1,
     epochs: int = 1,
     grad_clip: float | None = 1.0,
@@ -183,33 +182,21 @@ def policy_update(
     critic_optimizer: torch.optim.Optimizer | None = None,
     critic_scheduler=None,
     train_policy: bool = True,
-    packed: bool = False,
-    shared_prefix: bool = False,
 ) -> dict[str, float]:
-    """Optimise ``policy`` (and ``critic``) on ``batch``; returns averaged ``algo/`` metrics. Micro-batches
-    hold at most ``micro_batch_size`` rows and ``max_tokens`` token slots (``length_buckets``); ``packed``:
-    each runs as one row without padding (``sleuth.train.forward.pack``), its budget counting real tokens;
-    ``shared_prefix``: micro-batches of rows with common leading tokens, run once
-    (``sleuth.train.prefix_share``), the budget counting computed token slots.
-    ``train_policy=False`` (the critic's warm-up): the critic alone is trained; the policy runs no
-    forward, its optimizer and scheduler do not step."""
+    """Optimise ``policy`` (and ``critic``) on ``batch``; returns averaged ``algo/`` metrics. The rows run
+    in ``layout``'s micro-batches (:class:`sleuth.train.layout.RowLayout`: padded, packed or with shared
+    prefixes; its row and token budget). ``train_policy=False`` (the critic's warm-up): the critic alone
+    is trained; the policy runs no forward, its optimizer and scheduler do not step."""
     B = batch.input_ids_BT.shape[0]
     if not train_policy and critic is None:
         raise ValueError("train_policy=False (critic warm-up) needs a critic (algo.advantage=gae)")
     if mini_batches < 1 or mini_batches > B:
         raise ValueError(f"train.mini_batches must be in [1, {B}] for a batch of {B} rows, got {mini_batches}")
-    world, _ = world_info()
     device = next(policy.parameters()).device
     gen = torch.Generator().manual_seed(seed)
-    sums: dict[str, float] = {}  # other per-micro-batch metrics, averaged
-    token_sums: dict[str, float] = {}
-    maxima: dict[str, float] = {}
-    tokens = 0.0
-    n_stats = steps = skipped = 0
-    grad_norms, losses, value_losses = [], [], []
-    lengths = batch.attention_mask_BT.sum(-1).tolist()
-    lr = optimizer.param_groups[0]["lr"]  # the rate this update uses (the scheduler moves it after)
-    critic_lr = critic_optimizer.param_groups[0]["lr"] if critic_optimizer is not None else None
+    stats = _UpdateStats(lr=optimizer.param_groups[0]["lr"],  # the rate this update uses (the scheduler moves it after)
+                         critic_lr=critic_optimizer.param_groups[0]["lr"] if critic_optimizer is not None else None)
+    optimizers = [o for o in (optimizer if train_policy else None, critic_optimizer) if o is not None]
     # A grad pass begins: drop every cast the rollout and the no-grad passes left in autocast's cache.
     # On torch builds before pytorch#165068 a cast made under no_grad was cached without its graph, and
     # the first mini-batch reusing it gave no nn.Linear weight a gradient, silently (on one GPU).
@@ -219,99 +206,126 @@ def policy_update(
         for m in range(mini_batches):
             mb_rows = perm[m::mini_batches]
             (denom,) = all_sum([_denominator(algo, batch.loss_mask_BT, mb_rows)], device)
-            optimizer.zero_grad(set_to_none=True)
-            if critic_optimizer is not None:
-                critic_optimizer.zero_grad(set_to_none=True)
+            _zero_grad(optimizer, critic_optimizer)
             finite, mb_loss, mb_value_loss = True, 0.0, 0.0
-            if shared_prefix:
-                buckets = prefix_buckets(batch.input_ids_BT[mb_rows], batch.attention_mask_BT[mb_rows], micro_batch_size,
-                                         max_tokens)
-            else:
-                buckets = length_buckets([lengths[i] for i in mb_rows], micro_batch_size, max_tokens, packed=packed)
-            # every rank runs as many forward/backward passes as the rank with the most micro-batches (a token
-            # budget splits ranks' rows differently): DDP and FSDP collectives must pair up. Extra passes
-            # run one row at weight 0 and count for nothing.
-            (most,) = all_max([float(len(buckets))], device) if world > 1 else (len(buckets),)
-            buckets += [None] * (int(most) - len(buckets))
-            for local in buckets:
-                idle = local is None
-                rows = [mb_rows[0]] if idle else [mb_rows[i] for i in local]
-                if train_policy:
-                    loss, metrics, n_tokens = _micro_loss(policy, batch, rows, algo, max(denom, 1.0), temperature,
-                                                          norm_len, packed, shared_prefix)
-                else:
-                    loss, metrics, n_tokens = torch.zeros((), device=device), {}, 0
+            for local in _paired(layout.buckets(batch.input_ids_BT[mb_rows], batch.attention_mask_BT[mb_rows]), device):
+                rows = [mb_rows[0]] if local is None else [mb_rows[i] for i in local]
+                loss, metrics, n_tokens = (_micro_loss(policy, batch, rows, algo, max(denom, 1.0), temperature, norm_len,
+                                                       layout) if train_policy
+                                           else (torch.zeros((), device=device), {}, 0))
                 if critic is not None:
-                    loss = loss + _critic_loss(critic, batch, rows, algo, max(denom, 1.0), norm_len, metrics, packed)
-                    mb_value_loss += 0.0 if idle else metrics.pop("algo/value_loss")  # shares: they add up
-                if idle:
+                    loss = loss + _critic_loss(critic, batch, rows, algo, max(denom, 1.0), norm_len, metrics, layout)
+                    mb_value_loss += 0.0 if local is None else metrics.pop("algo/value_loss")  # shares: they add up
+                if local is None:  # an idle pass, for the collectives to pair up
                     (loss * 0.0).backward()
                     continue
                 finite = finite and bool(torch.isfinite(loss))
-                (loss * world).backward()
-                tokens += n_tokens
-                for k, v in metrics.items():
-                    if k in TOKEN_MEANS:
-                        token_sums[k] = token_sums.get(k, 0.0) + v * n_tokens
-                    elif k in MAXIMA:
-                        maxima[k] = max(maxima.get(k, -math.inf), v)
-                    else:
-                        sums[k] = sums.get(k, 0.0) + v
+                (loss * world_info()[0]).backward()
+                stats.add(metrics, n_tokens)
                 mb_loss += float(loss.detach())  # micro losses share the denominator: they add up
-                n_stats += 1
-            losses.append(mb_loss)
-            value_losses.append(mb_value_loss)
-            finite = all_ranks_true(finite, device)
-            params = [p for p in policy.parameters() if p.grad is not None]
-            norm = (torch.nn.utils.clip_grad_norm_(params, grad_clip if grad_clip else float("inf")) if train_policy
-                    else torch.zeros(()))
-            if critic is not None:
-                torch.nn.utils.clip_grad_norm_(critic.parameters(), grad_clip if grad_clip else float("inf"))
-            if not finite or not math.isfinite(float(norm)):
-                skipped += 1  # a non-finite loss/gradient: skip the step, keep the weights
-                optimizer.zero_grad(set_to_none=True)
-                continue
-            grad_norms.append(float(norm))
-            if train_policy:
-                optimizer.step()
-            if critic_optimizer is not None:
-                critic_optimizer.step()
-            # autocast keeps its low-precision copy of each weight until its context exits, blind to
-            # in-place updates: without this, the next mini-batch would run on the weights of the rollout
-            torch.clear_autocast_cache()
-            steps += 1
-    optimizer.zero_grad(set_to_none=True)  # the gradients are not held through the next rollout
-    if critic_optimizer is not None:
-        critic_optimizer.zero_grad(set_to_none=True)
-    if scheduler is not None and train_policy:
-        scheduler.step()
-    if critic_scheduler is not None:
-        critic_scheduler.step()
-    out = {k: v / max(n_stats, 1) for k, v in sums.items()}
-    out.update(_combine_token_metrics(token_sums, tokens, maxima, device))
-    out["algo/loss"] = sum(losses) / len(losses) if losses else float("nan")
+            stats.losses.append(mb_loss)
+            stats.value_losses.append(mb_value_loss)
+            _optimizer_step(policy, critic, optimizers, grad_clip, all_ranks_true(finite, device), train_policy, stats,
+                            skip=optimizer)
+    _zero_grad(optimizer, critic_optimizer)  # the gradients are not held through the next rollout
+    for sched in (scheduler if train_policy else None, critic_scheduler):
+        if sched is not None:
+            sched.step()
+    return stats.result(device, critic=critic is not None, train_policy=train_policy)
+
+
+def _paired(buckets: list[list[int]], device) -> list[list[int] | None]:
+    """Every rank runs as many forward/backward passes as the rank with the most micro-batches (a token
+    budget splits ranks' rows differently): DDP and FSDP collectives must pair up. The extra passes
+    (None) run one row at weight 0 and count for nothing."""
+    (most,) = all_max([float(len(buckets))], device) if world_info()[0] > 1 else (len(buckets),)
+    return buckets + [None] * (int(most) - len(buckets))
+
+
+def _zero_grad(*optimizers) -> None:
+    for opt in optimizers:
+        if opt is not None:
+            opt.zero_grad(set_to_none=True)
+
+
+def _optimizer_step(policy, critic, optimizers, grad_clip, finite: bool, train_policy: bool, stats, *, skip) -> None:
+    """Clip, then step every optimizer, unless the loss or the gradient norm is not finite (on any rank):
+    then the step is skipped and counted (``skip``'s gradients dropped), the weights kept."""
+    limit = grad_clip if grad_clip else float("inf")
+    params = [p for p in policy.parameters() if p.grad is not None]
+    norm = torch.nn.utils.clip_grad_norm_(params, limit) if train_policy else torch.zeros(())
     if critic is not None:
-        out["algo/value_loss"] = sum(value_losses) / len(value_losses) if value_losses else float("nan")
-    out["algo/grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
-    out["algo/optimizer_steps"] = steps
-    if critic is not None:
-        out["algo/critic_warmup"] = float(not train_policy)  # 1: a critic-only step
-    out["algo/skipped_steps"] = skipped
-    out["algo/lr"] = lr
-    if critic_lr is not None:
-        out["algo/critic_lr"] = critic_lr
-    return out
+        torch.nn.utils.clip_grad_norm_(critic.parameters(), limit)
+    if not finite or not math.isfinite(float(norm)):
+        stats.skipped += 1
+        skip.zero_grad(set_to_none=True)
+        return
+    stats.grad_norms.append(float(norm))
+    for opt in optimizers:
+        opt.step()
+    # autocast keeps its low-precision copy of each weight until its context exits, blind to
+    # in-place updates: without this, the next mini-batch would run on the weights of the rollout
+    torch.clear_autocast_cache()
+    stats.steps += 1
+
+
+@dataclass
+class _UpdateStats:
+    """The update's metrics as its micro-batches and optimizer steps report them."""
+
+    lr: float
+    critic_lr: float | None = None
+    sums: dict = field(default_factory=dict)  # other per-micro-batch metrics, averaged
+    token_sums: dict = field(default_factory=dict)
+    maxima: dict = field(default_factory=dict)
+    tokens: float = 0.0
+    n: int = 0
+    steps: int = 0
+    skipped: int = 0
+    grad_norms: list = field(default_factory=list)
+    losses: list = field(default_factory=list)
+    value_losses: list = field(default_factory=list)
+
+    def add(self, metrics: dict[str, float], n_tokens: int) -> None:
+        self.tokens += n_tokens
+        for k, v in metrics.items():
+            if k in TOKEN_MEANS:
+                self.token_sums[k] = self.token_sums.get(k, 0.0) + v * n_tokens
+            elif k in MAXIMA:
+                self.maxima[k] = max(self.maxima.get(k, -math.inf), v)
+            else:
+                self.sums[k] = self.sums.get(k, 0.0) + v
+        self.n += 1
+
+    def result(self, device, *, critic: bool, train_policy: bool) -> dict[str, float]:
+        def mean(xs):
+            return sum(xs) / len(xs) if xs else float("nan")
+
+        out = {k: v / max(self.n, 1) for k, v in self.sums.items()}
+        out.update(_combine_token_metrics(self.token_sums, self.tokens, self.maxima, device))
+        out["algo/loss"] = mean(self.losses)
+        if critic:
+            out["algo/value_loss"] = mean(self.value_losses)
+        out["algo/grad_norm"] = mean(self.grad_norms)
+        out["algo/optimizer_steps"] = self.steps
+        if critic:
+            out["algo/critic_warmup"] = float(not train_policy)  # 1: a critic-only step
+        out["algo/skipped_steps"] = self.skipped
+        out["algo/lr"] = self.lr
+        if self.critic_lr is not None:
+            out["algo/critic_lr"] = self.critic_lr
+        return out
 
 
 def _critic_loss(critic, b: UpdateBatch, rows, algo: AlgoConfig, denom: float, norm_len, metrics,
-                 packed: bool = False) -> torch.Tensor:
+                 layout: RowLayout) -> torch.Tensor:
     if b.returns_BT is None or b.old_values_BT is None:
         raise ValueError("a critic update needs returns and old values (algo.advantage=gae)")
     L = int(b.attention_mask_BT[rows].sum(-1).max())
     device = next(critic.parameters()).device
     idx = torch.tensor(rows, device=b.input_ids_BT.device)
     values_BT = critic_values(critic, b.input_ids_BT[idx, :L].to(device), b.attention_mask_BT[idx, :L].to(device),
-                              packed=packed)
+                              packed=layout.packed)
     loss, clipfrac = value_loss(
         values_BT, b.old_values_BT[idx, :L].to(device), b.returns_BT[idx, :L].to(device),
         b.loss_mask_BT[idx, :L].to(device), clip=algo.value_clip, agg=algo.loss_agg, norm_len=norm_len,

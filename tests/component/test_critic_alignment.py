@@ -13,6 +13,7 @@ from sleuth.algo.losses import value_loss
 from sleuth.config import AlgoConfig
 from sleuth.models import ValueHead
 from sleuth.train.update import UpdateBatch, _critic_loss
+from sleuth.train.layout import RowLayout
 from tests.helpers.tiny import tiny_model, tiny_tokenizer
 
 pytestmark = pytest.mark.component
@@ -71,7 +72,7 @@ def test_one_step_bandit_keeps_its_advantage_after_the_critic_fits():
         batch = UpdateBatch(ids, att, mask, torch.zeros(ids.shape), torch.zeros(ids.shape), returns_BT=returns,
                             old_values_BT=old)
         opt.zero_grad()
-        _critic_loss(critic, batch, list(range(10)), algo, float(mask.sum()), None, {}).backward()
+        _critic_loss(critic, batch, list(range(10)), algo, float(mask.sum()), None, {}, RowLayout()).backward()
         opt.step()
     with torch.no_grad():
         values = critic(ids, att)
@@ -123,14 +124,14 @@ def test_critic_warmup_updates_the_critic_alone():
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 / (1 + step))
     before_p = [p.detach().clone() for p in policy.parameters()]
     before_c = [p.detach().clone() for p in critic.parameters()]
-    metrics = policy_update(policy, opt, batch, algo, micro_batch_size=2, critic=critic, critic_optimizer=c_opt,
+    metrics = policy_update(policy, opt, batch, algo, RowLayout("padded", 2), critic=critic, critic_optimizer=c_opt,
                             scheduler=sched, train_policy=False)
     assert all(torch.equal(a, b) for a, b in zip(before_p, policy.parameters()))
     assert not opt.state and sched.last_epoch == 0 and opt.param_groups[0]["lr"] == 1e-2
     assert any(not torch.equal(a, b) for a, b in zip(before_c, critic.parameters()))
     assert metrics["algo/value_loss"] > 0
-    policy_update(policy, opt, batch, algo, micro_batch_size=2, critic=critic, critic_optimizer=c_opt,
+    policy_update(policy, opt, batch, algo, RowLayout("padded", 2), critic=critic, critic_optimizer=c_opt,
                   scheduler=sched, train_policy=True)  # after the warm-up both move
     assert any(not torch.equal(a, b) for a, b in zip(before_p, policy.parameters())) and sched.last_epoch == 1
     with pytest.raises(ValueError, match="critic"):
-        policy_update(policy, opt, batch, algo, micro_batch_size=2, train_policy=False)
+        policy_update(policy, opt, batch, algo, RowLayout("padded", 2), train_policy=False)

@@ -18,6 +18,7 @@ from sleuth.config import AlgoConfig
 from sleuth.train import distributed as par
 from sleuth.train.forward import batched_logprobs
 from sleuth.train.update import UpdateBatch, compute_advantages, policy_update
+from sleuth.train.layout import RowLayout
 
 pytestmark = pytest.mark.component
 
@@ -71,7 +72,7 @@ def _rows(batch: UpdateBatch, rank: int, world: int) -> UpdateBatch:
 
 
 def _update(model, opt, batch, max_tokens=None):
-    return policy_update(model, opt, batch, ALGO, micro_batch_size=2, max_tokens=max_tokens, grad_clip=GRAD_CLIP)
+    return policy_update(model, opt, batch, ALGO, RowLayout("padded", 2, max_tokens), grad_clip=GRAD_CLIP)
 
 
 # a token budget that cuts rank 0's rows (lengths 9, 6, 12, 7) into 3 micro-batches and rank 1's

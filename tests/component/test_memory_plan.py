@@ -18,6 +18,7 @@ from sleuth.train.memory_plan import (
     make_plan,
 )
 from sleuth.train.update import UpdateBatch, compute_advantages, policy_update
+from sleuth.train.layout import RowLayout
 
 pytestmark = pytest.mark.component
 
@@ -53,7 +54,7 @@ def _measured_update_peak(policy, dtype, rows, length):
     tracker = MemTracker()
     tracker.track_external(policy, ref, opt)
     with tracker, compute_autocast(dtype, "cpu"):
-        policy_update(policy.train(), opt, batch, algo, micro_batch_size=rows, max_tokens=rows * length)
+        policy_update(policy.train(), opt, batch, algo, RowLayout("padded", rows, rows * length))
     return tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
 
 

@@ -20,6 +20,7 @@ from sleuth.train.forward import (
     unpack,
 )
 from sleuth.train.update import UpdateBatch, compute_advantages, policy_update
+from sleuth.train.layout import RowLayout
 from tests.component.test_train_update import _batch
 from tests.helpers.tiny import tiny_model, tiny_tokenizer
 
@@ -145,8 +146,8 @@ def test_a_packed_update_with_a_critic_equals_the_padded_update():
     for packed in (False, True):
         pol, critic = copy.deepcopy(base), copy.deepcopy(base_critic)
         opt, copt = torch.optim.SGD(pol.parameters(), lr=0.1), torch.optim.SGD(critic.parameters(), lr=0.1)
-        metrics = policy_update(pol, opt, batch, algo, micro_batch_size=2, max_tokens=20, grad_clip=None,
-                                critic=critic, critic_optimizer=copt, packed=packed)
+        metrics = policy_update(pol, opt, batch, algo, RowLayout("packed" if packed else "padded", 2, 20),
+                                grad_clip=None, critic=critic, critic_optimizer=copt)
         out[packed] = (pol, critic, metrics)
     for key in ("algo/loss", "algo/value_loss", "algo/entropy", "algo/clipfrac"):
         assert out[True][2][key] == pytest.approx(out[False][2][key], abs=1e-6), key

@@ -17,6 +17,7 @@ from sleuth.train.prefix_share import (
     shared_split,
 )
 from sleuth.train.update import UpdateBatch, compute_advantages, policy_update
+from sleuth.train.layout import RowLayout
 from tests.component.test_packing import _qwen2
 from tests.helpers.tiny import tiny_model, tiny_tokenizer
 
@@ -244,7 +245,8 @@ def test_a_shared_update_equals_the_whole_rows_update():
     for shared in (False, True):
         pol = copy.deepcopy(base)
         opt = torch.optim.SGD(pol.parameters(), lr=0.1)
-        metrics = policy_update(pol, opt, batch, algo, micro_batch_size=4, grad_clip=None, shared_prefix=shared)
+        metrics = policy_update(pol, opt, batch, algo, RowLayout("shared_prefix" if shared else "padded", 4),
+                                grad_clip=None)
         out[shared] = (pol, metrics)
     for key in ("algo/loss", "algo/kl", "algo/entropy", "algo/clipfrac", "algo/grad_norm"):
         assert out[True][1][key] == pytest.approx(out[False][1][key], rel=1e-5, abs=1e-6), key

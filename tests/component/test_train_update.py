@@ -9,6 +9,7 @@ from sleuth.config import AlgoConfig
 from sleuth.train.checkpoint import latest_checkpoint, load_trainer_state, save_checkpoint
 from sleuth.train.forward import batched_logprobs, length_buckets, padding_share, token_logprobs
 from sleuth.train.update import UpdateBatch, compute_advantages, policy_update
+from sleuth.train.layout import RowLayout
 from tests.helpers.tiny import tiny_model, tiny_tokenizer
 
 pytestmark = pytest.mark.component
@@ -76,7 +77,7 @@ def test_update_matches_reference_and_is_micro_batch_invariant():
     for mbs, max_tokens in ((1, None), (3, None), (4, None), (4, 20), (4, 1)):  # token budgets: 3 and 4 buckets
         pol = copy.deepcopy(base)
         opt = torch.optim.SGD(pol.parameters(), lr=0.1)
-        metrics = policy_update(pol, opt, batch, algo, micro_batch_size=mbs, max_tokens=max_tokens, grad_clip=None)
+        metrics = policy_update(pol, opt, batch, algo, RowLayout("padded", mbs, max_tokens), grad_clip=None)
         results.append((pol, metrics))
         assert metrics["algo/optimizer_steps"] == 1 and metrics["algo/skipped_steps"] == 0
     # the loss reported is the reference loss, whatever the micro-batch size
@@ -96,7 +97,7 @@ def test_non_finite_loss_skips_the_step():
     adv = torch.where(loss_mask.bool(), torch.tensor(float("nan")), torch.tensor(0.0))
     algo = AlgoConfig(kl_coef=0.0)
     opt = torch.optim.SGD(pol.parameters(), lr=0.1)
-    m = policy_update(pol, opt, UpdateBatch(ids, att, loss_mask, adv, old), algo, micro_batch_size=2)
+    m = policy_update(pol, opt, UpdateBatch(ids, att, loss_mask, adv, old), algo, RowLayout("padded", 2))
     assert m["algo/skipped_steps"] == 1 and m["algo/optimizer_steps"] == 0
     for p, q in zip(pol.parameters(), before):
         assert torch.equal(p, q)
@@ -114,7 +115,7 @@ def test_logged_lr_is_the_rate_the_update_used():
     logged = []
     for _ in range(3):
         batch = UpdateBatch(ids, att, loss_mask, adv, batched_logprobs(pol, ids, att, micro_batch_size=4))
-        logged.append(policy_update(pol, opt, batch, AlgoConfig(kl_coef=0.0), micro_batch_size=4, grad_clip=None,
+        logged.append(policy_update(pol, opt, batch, AlgoConfig(kl_coef=0.0), RowLayout("padded", 4), grad_clip=None,
                                     scheduler=sched)["algo/lr"])
     assert logged == pytest.approx([0.1, 0.2, 0.4])
     assert opt.param_groups[0]["lr"] == pytest.approx(0.8)  # the next update's rate
@@ -319,7 +320,7 @@ def test_under_bf16_autocast_every_mini_batch_runs_on_the_updated_weights():
     with compute_autocast("bfloat16", "cpu"):
         before = token_logprobs(pol, ids, att)[0].detach()
         batch = UpdateBatch(ids, att, loss_mask, adv, before.float())
-        metrics = policy_update(pol, opt, batch, AlgoConfig(kl_coef=0.0), micro_batch_size=4, mini_batches=2,
+        metrics = policy_update(pol, opt, batch, AlgoConfig(kl_coef=0.0), RowLayout("padded", 4), mini_batches=2,
                                 grad_clip=None)
         inside = token_logprobs(pol, ids, att)[0].detach()
     with compute_autocast("bfloat16", "cpu"):
@@ -357,7 +358,7 @@ def test_a_grad_pass_after_no_grad_passes_under_one_autocast_trains_every_linear
             old = batched_logprobs(pol, ids, att, micro_batch_size=4)
         with compute_autocast("bfloat16", "cpu"):
             policy_update(pol, opt, UpdateBatch(ids, att, loss_mask, adv, old), AlgoConfig(kl_coef=0.0),
-                          micro_batch_size=2, grad_clip=None)
+                          RowLayout("padded", 2), grad_clip=None)
     assert cleared and cleared[0] == 0  # cleared before the first forward with grad (no step yet)
     linears = [n for n, m in pol.named_modules() if isinstance(m, torch.nn.Linear)]
     assert linears

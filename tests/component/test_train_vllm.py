@@ -20,6 +20,7 @@ from sleuth.config import Config
 from sleuth.rollout import vllm_backend
 from sleuth.rollout.backends import SamplingParams
 from sleuth.rollout.hf_backend import HFBackend
+from sleuth.train.engine import trainer_weights
 from tests.helpers.tiny import tiny_model, tiny_tokenizer
 from tests.helpers.vllm_stub import OFFSET, StubLLM, stub_vllm_module
 
@@ -64,11 +65,12 @@ def world(tmp_path_factory):
 @pytest.fixture(scope="module")
 def run(world, tmp_path_factory):
     """One 2-step run; records the policy after each update, the pushes, and every TIS call."""
+    import sleuth.train.learn as learn
     import sleuth.train.loop as loop
     import sleuth.train.update as update
 
     rec = {"after_update": [], "tis": [], "emitted_before_update": []}  # per step
-    real_update, real_tis = loop.policy_update, update.tis_weights
+    real_update, real_tis = learn.policy_update, update.tis_weights
 
     def recording_update(model, *args, **kwargs):
         rec["emitted_before_update"].append(len(StubLLM.last.emitted))
@@ -86,7 +88,7 @@ def run(world, tmp_path_factory):
         mp.setitem(sys.modules, "vllm", stub_vllm_module())
         mp.setattr(vllm_backend, "cuda_available", lambda: True)
         mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        mp.setattr(loop, "policy_update", recording_update)
+        mp.setattr(learn, "policy_update", recording_update)
         mp.setattr(update, "tis_weights", recording_tis)
         trainer = loop.Trainer(make_config(world), tmp_path_factory.mktemp("run"), progress=False)
         rec["initial"] = {n: t.detach().clone() for n, t in trainer.policy.state_dict().items()}
@@ -125,9 +127,9 @@ def test_building_the_engine_keeps_the_run_rng(tmp_path, monkeypatch):
     engine = vllm_backend.VLLMBackend.from_trainer(model, tok, tmp_path / "e", RolloutConfig(), dtype="float32")
     assert torch.equal(torch.rand(3), expected)  # the stub reseeds at build, as vLLM does
     engine.sleep()
-    with pytest.raises(RuntimeError, match="asleep: sync_weights"):
+    with pytest.raises(RuntimeError, match="asleep: load_weights"):
         engine.generate([[1, 2]], SamplingParams(max_new_tokens=2, greedy=True))
-    engine.sync_weights(model)
+    engine.load_weights(trainer_weights(model))
     assert len(engine.generate([[1, 2]], SamplingParams(max_new_tokens=2, greedy=True))[0].token_ids) == 2
     engine.close()
     assert StubLLM.last.shut_down
@@ -231,6 +233,7 @@ def test_real_vllm_engine_follows_the_trainer_weights(tmp_path):
     model = tiny_model(tok, seed=0, hidden=256).cuda()  # head_dim 64 for vLLM's attention kernels
     rollout = RolloutConfig(max_context_tokens=256, vllm_enforce_eager=True, vllm_gpu_memory_utilization=0.2)
     engine = vllm_backend.VLLMBackend.from_trainer(model, tok, tmp_path / "engine", rollout, dtype="float32")
+    engine.load_weights(trainer_weights(model))
     prompts = [tok(t)["input_ids"] for t in ("Who sang the song?", "The river", "capital of France")]
     params = SamplingParams(max_new_tokens=16, greedy=True)
     for _ in range(2):
@@ -243,4 +246,4 @@ def test_real_vllm_engine_follows_the_trainer_weights(tmp_path):
         with torch.no_grad():  # an "update": the next round must follow it
             for p in model.parameters():
                 p.add_(0.05 * torch.randn_like(p))
-        engine.sync_weights(model)
+        engine.load_weights(trainer_weights(model))

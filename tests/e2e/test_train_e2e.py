@@ -292,7 +292,7 @@ def test_out_of_memory_in_a_step_keeps_its_error_and_says_which_step(world, tmp_
     def boom():
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 22.00 MiB.")
 
-    monkeypatch.setattr(trainer, "_train_step", boom)
+    monkeypatch.setattr(trainer, "collect", boom)
     with pytest.raises(torch.OutOfMemoryError, match="Tried to allocate") as info:
         trainer.train_step()
     assert any("step 1 ran out of device memory" in n for n in info.value.__notes__)
@@ -308,13 +308,13 @@ def _trainer(world, out, extra=()):
 def test_trajectories_whose_search_failed_are_left_out_of_the_loss(world, tmp_path, monkeypatch, capsys):
     """Rows that read 'the search failed' instead of passages train nothing: their loss mask is
     cleared, they join no group's baseline, and the step counts them."""
-    import sleuth.train.loop as loop
+    import sleuth.train.learn as learn
 
     trainer = _trainer(world, tmp_path / "run", ["algo.advantage=grpo", "algo.kl_coef=0"])
-    real_rollout, seen = trainer.rollout, {}
+    real_rollout, seen = trainer.engine.rollout, {}
 
-    def rollout(questions, **kw):  # the first question's rows: as if their search had failed
-        trajs, metrics = real_rollout(questions, **kw)
+    def rollout(questions, *args, **kw):  # the first question's rows: as if their search had failed
+        trajs, metrics = real_rollout(questions, *args, **kw)
         for t in trajs:
             t.num_retrieval_errors = int(t.question.id == questions[0].id)
             t.num_searches = 1 - t.num_retrieval_errors  # the other question's searches went through
@@ -324,9 +324,9 @@ def test_trajectories_whose_search_failed_are_left_out_of_the_loss(world, tmp_pa
         seen["batch"] = batch
         return real_update(model, opt, batch, algo, **kw)
 
-    real_update = loop.policy_update
-    monkeypatch.setattr(trainer, "rollout", rollout)
-    monkeypatch.setattr(loop, "policy_update", update)
+    real_update = learn.policy_update
+    monkeypatch.setattr(trainer.engine, "rollout", rollout)
+    monkeypatch.setattr(learn, "policy_update", update)
     metrics, trajs = trainer.train_step()
     failed = torch.tensor([t.num_retrieval_errors > 0 for t in trajs])
     assert metrics["rollout/failed_search_trajectories"] == int(failed.sum()) == 4
@@ -384,19 +384,20 @@ def test_one_on_policy_pass_reuses_the_samplers_logprobs(world, tmp_path, monkey
     """One epoch, one mini-batch, no TIS, our HF decode: the rollout's logprobs are the old policy's
     (log_softmax(logits / T) of the same tokens from the same weights), so the trainer's no-grad
     forward that recomputed them is skipped. They agree with that forward to float rounding."""
-    import sleuth.train.loop as loop
+    import sleuth.train.layout as layout
+    import sleuth.train.learn as learn
 
     trainer = _trainer(world, tmp_path / "run", ["algo.kl_coef=0", "rollout.temperature=0.8"])
     assert trainer.sampler_logprobs_are_old()
     calls, seen = [], {}
-    real_logprobs, real_update = loop.batched_logprobs, loop.policy_update
-    monkeypatch.setattr(loop, "batched_logprobs", lambda *a, **kw: calls.append(1) or real_logprobs(*a, **kw))
+    real_logprobs, real_update = layout.batched_logprobs, learn.policy_update
+    monkeypatch.setattr(layout, "batched_logprobs", lambda *a, **kw: calls.append(1) or real_logprobs(*a, **kw))
 
     def update(model, opt, batch, algo, **kw):
         seen["batch"] = batch
         return real_update(model, opt, batch, algo, **kw)
 
-    monkeypatch.setattr(loop, "policy_update", update)
+    monkeypatch.setattr(learn, "policy_update", update)
     trainer.train_step()
     assert calls == []  # no recomputation of the old logprobs
     b = seen["batch"]

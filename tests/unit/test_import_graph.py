@@ -111,3 +111,51 @@ def test_in_package_imports_are_at_module_top_or_say_why():
             if inside and not said:
                 lazy.append(f"{modules[module].relative_to(PACKAGE.parent)}:{lineno}: {lines[lineno - 1].strip()}")
     assert lazy == [], "move these imports to module top, or say why they are lazy (# lazy: ...):\n" + "\n".join(lazy)
+
+
+# Layers, lowest first: a module imports only its own layer and the ones below (data flows one way; the
+# embedded toy world and the demo sit above everything they are built from, and the core reaches the
+# names they provide through sleuth.named). Command modules (``*.cli``, ``sleuth.cli``) and the package
+# root are on top.
+LAYERS = [
+    {"sleuth.version", "sleuth.errors", "sleuth.types", "sleuth.device", "sleuth.config", "sleuth.config_file",
+     "sleuth.records", "sleuth.output", "sleuth.named", "sleuth.run_layout"},
+    {"sleuth.algo", "sleuth.retrieval", "sleuth.reward", "sleuth.models"},
+    {"sleuth.rollout", "sleuth.data"},
+    {"sleuth.build", "sleuth.eval"},
+    {"sleuth.train"},
+    {"sleuth.sft", "sleuth.view"},
+    {"sleuth.toy"},
+    {"sleuth.demo"},
+]
+
+
+def _layer(module: str) -> int:
+    if module in ("sleuth", "sleuth.__main__", "sleuth.cli") or module.endswith(".cli") or module.endswith("_cli"):
+        return len(LAYERS)
+    for i, names in enumerate(LAYERS):
+        if any(module == n or module.startswith(n + ".") for n in names):
+            return i
+    raise AssertionError(f"{module} is in no layer: add it to LAYERS")
+
+
+def _upward(graph) -> list[str]:
+    return sorted(f"{m} (layer {_layer(m)}) imports {t} (layer {_layer(t)}), line {line}"
+                  for m, imports in graph.items() for t, line, _ in imports if _layer(t) > _layer(m))
+
+
+def test_no_module_imports_a_higher_layer():
+    _, graph = _graph()
+    assert _upward(graph) == []
+
+
+def test_the_core_never_imports_the_toy_world_or_the_demo():
+    _, graph = _graph()
+    core = [m for m in graph if _layer(m) < _layer("sleuth.toy")]
+    bad = [f"{m} -> {t}" for m in core for t, _, _ in graph[m] if t.startswith(("sleuth.toy", "sleuth.demo"))]
+    assert bad == []
+
+
+def test_the_layer_check_can_fail():
+    graph = {"sleuth.models": [("sleuth.train.checkpoint", 22, False)], "sleuth.train.loop": [("sleuth.models", 1, False)]}
+    assert _upward(graph) == ["sleuth.models (layer 1) imports sleuth.train.checkpoint (layer 4), line 22"]

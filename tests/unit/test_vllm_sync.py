@@ -14,7 +14,8 @@ import torch
 from sleuth.config import RolloutConfig
 from sleuth.errors import UserError
 from sleuth.rollout import vllm_backend
-from sleuth.rollout.vllm_backend import VLLMBackend, VLLMUnavailable, load_into_engine, trainer_weights
+from sleuth.rollout.vllm_backend import VLLMBackend, VLLMUnavailable, load_into_engine
+from sleuth.train.engine import trainer_weights
 from tests.helpers.tiny import tiny_model, tiny_tokenizer
 
 pytestmark = pytest.mark.unit
