@@ -2,6 +2,7 @@
 
     python bench/step_fingerprint.py OUT.json                # run every arm, write their fingerprints
     python bench/step_fingerprint.py --compare A.json B.json # exit 1 and name what differs
+                                                             # (--new-keys: metrics added since A are not)
 
 Each arm is ``configs/tiny.yaml`` for 3 steps (a checkpoint at step 3, eval at the last step) with a few
 settings changed, so the paths a refactor moves are all run: whole rows, packed rows, shared prefixes, a
@@ -66,7 +67,7 @@ def fingerprint(out: Path) -> dict:
     return {"metrics": metrics, "tensors": tensors, "files": others}
 
 
-def compare(a: dict, b: dict) -> list[str]:
+def compare(a: dict, b: dict, *, new_keys: bool = False) -> list[str]:
     diffs = []
     for arm in sorted(set(a) | set(b)):
         if arm not in a or arm not in b:
@@ -76,7 +77,7 @@ def compare(a: dict, b: dict) -> list[str]:
             x, y = a[arm][part], b[arm][part]
             if part == "metrics":
                 for i, (r, s) in enumerate(zip(x, y, strict=False)):
-                    keys = sorted(k for k in set(r) | set(s) if r.get(k) != s.get(k))
+                    keys = sorted(k for k in (set(r) if new_keys else set(r) | set(s)) if r.get(k) != s.get(k))
                     diffs += [f"{arm}: step {i + 1} {k}: {r.get(k)} != {s.get(k)}" for k in keys[:10]]
                 if len(x) != len(y):
                     diffs.append(f"{arm}: {len(x)} != {len(y)} metric rows")
@@ -90,11 +91,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", nargs="?", help="fingerprints JSON to write")
     ap.add_argument("--compare", nargs=2, metavar=("A", "B"))
+    ap.add_argument("--new-keys", action="store_true",
+                    help="with --compare: metrics only B logs (added since A) are not differences")
     ap.add_argument("--arms", default=",".join(ARMS), help="comma list of arms to run")
     args = ap.parse_args(argv)
     if args.compare:
         a, b = (json.loads(Path(p).read_text()) for p in args.compare)
-        diffs = compare(a, b)
+        diffs = compare(a, b, new_keys=args.new_keys)
         print("\n".join(diffs) if diffs else f"identical: {len(a)} arms")
         return 1 if diffs else 0
     if not args.out:

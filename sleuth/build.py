@@ -69,7 +69,9 @@ def probe_retriever(retriever, cfg: Config, *, fix: str = "retrieval.*") -> None
     try:
         retriever.search(["sleuth start-up check"], 1)
     except Exception as e:  # RetrievalError, OSError, anything the retriever raises
-        where = cfg.retrieval.url or cfg.retrieval.index_dir or cfg.retrieval.corpus
+        r = cfg.retrieval
+        where = (f"{r.web_provider} {r.web_base_url or ''}".strip() if r.kind == "web"
+                 else r.url or r.index_dir or r.corpus)
         raise ValueError(f"the retriever ({cfg.retrieval.kind}: {where}) failed a test search: {e}; start it "
                          f"(e.g. sleuth serve --index DIR) or fix {fix}") from None
 

@@ -87,9 +87,10 @@ class DataConfig:
 
 @_section
 class RetrievalConfig:
-    kind: Literal["bm25", "dense", "hybrid", "url", "memory"] = "bm25"
-    """url: the server at ``url``. With ``index_dir``: bm25 or dense opens that side of a (hybrid) index, others
-    open it as built. With ``corpus``: memory scores term overlap in memory (tests, toy worlds), others BM25."""
+    kind: Literal["bm25", "dense", "hybrid", "url", "memory", "web"] = "bm25"
+    """url: the server at ``url``. web: a web search API (``web_provider``; its key from the environment). With
+    ``index_dir``: bm25 or dense opens that side of a (hybrid) index, others open it as built. With ``corpus``:
+    memory scores term overlap in memory (tests, toy worlds), others BM25."""
     index_dir: str | None = None
     """Directory written by ``sleuth index build``."""
     corpus: str | None = None
@@ -97,6 +98,11 @@ class RetrievalConfig:
     toy world's corpus."""
     url: str | None = None
     """Search-R1 ``/retrieve`` endpoint when kind=url."""
+    web_provider: Literal["serper", "serpapi", "brave"] = "serper"
+    """kind=web: the search API, its key read from ``SERPER_API_KEY``, ``SERPAPI_API_KEY`` or ``BRAVE_API_KEY``.
+    Passages are the results' titles and snippets (``sleuth.retrieval.web``)."""
+    web_base_url: str | None = None
+    """kind=web: another address for the provider's API (a proxy, or a local stand-in); None: the provider's own."""
     topk: Annotated[Int, Field(ge=1)] = 3
     """Passages returned per query."""
     timeout_s: Annotated[Float, Field(gt=0)] = 30.0
@@ -274,6 +280,20 @@ class TrainConfig:
     mini-batch holds B / mini_batches rows over all ranks."""
     epochs: Annotated[Int, Field(ge=1)] = 1
     """Passes over each rollout batch (PPO epochs)."""
+    dynamic_sampling: Bool = False
+    """DAPO's dynamic sampling: draw questions in rounds until the step holds ``questions_per_step`` groups whose
+    rewards differ (at most ``max_sampling_rounds`` rounds; short of that, groups without variance fill the step
+    and are counted), dropping the others before any logprob pass. ``sampling/*`` counts rounds, drawn, dropped
+    and filled groups; the question cursor covers every draw, so a resumed run draws what the uninterrupted one
+    would."""
+    max_sampling_rounds: Annotated[Int, Field(ge=1)] = 4
+    """dynamic_sampling: rollout rounds per step at most (each draws ``questions_per_step`` questions)."""
+    overlong: Literal["keep", "mask", "penalty"] = "keep"
+    """Trajectories cut by a token budget (stopped at ``max_tokens`` or ``context_full``): ``keep`` trains on
+    them as on any other; ``mask`` leaves their tokens out of the loss (DAPO's overlong filtering; their rewards
+    still count in their group's statistics); ``penalty`` subtracts ``overlong_penalty`` from their reward."""
+    overlong_penalty: Annotated[Float, Field(ge=0)] = 0.5
+    """overlong=penalty: subtracted from a cut trajectory's reward."""
     grad_checkpointing: Bool = False
     """Recompute the policy's (and the critic's) activations in the backward pass: less memory, slower."""
     offload_optimizer: Bool = False
@@ -303,10 +323,10 @@ class TrainConfig:
     """Evaluate every N steps (0 = only at the end)."""
     eval_limit: Annotated[Int | None, Field(ge=1)] = None
     """Evaluate during training on the first N questions of each data source of each eval file (None = all)."""
-    log_samples: Annotated[Int, Field(ge=0)] = 2
+    log_samples: Annotated[Int, Field(ge=0)] | Literal["all"] = 2
     """Trajectories of each step written to ``samples.jsonl``: the first N of the step's rollouts (rank 0's under
     torchrun; a group's samples are consecutive), each with its segments, masks and searches, as ``sleuth view``
-    shows them; 0 = none."""
+    shows them; 0 = none; ``all``: every trajectory of the step (rank 0's)."""
     keep_checkpoints: Annotated[Int, Field(ge=1)] = 2
     """Complete checkpoints kept on disk (older ones are deleted)."""
     on_collapse: Literal["warn", "stop", "rollback"] = "warn"
@@ -340,10 +360,6 @@ class TrainConfig:
 
 @_section
 class EvalConfig:
-    greedy: Bool = True
-    """Not read: evaluation is always greedy."""
-    limit: Annotated[Int | None, Field(ge=1)] = None
-    """Not read: during training see train.eval_limit; ``sleuth eval`` has ``--limit``."""
     batch_size: Annotated[Int, Field(ge=1)] = 64
     """Questions rolled out together by the evaluations during training."""
 

@@ -5,9 +5,10 @@ whole :class:`~sleuth.config.Config` against its annotations (pydantic: ``Litera
 from __future__ import annotations
 
 import dataclasses
+import sys
 from pathlib import Path
 from types import NoneType, UnionType
-from typing import Annotated, Any, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import TypeAdapter, ValidationError
@@ -39,6 +40,34 @@ def _unwrap(tp: Any) -> tuple[Any, dict[str, Any]]:
             return tp, bounds
 
 
+def _union_field(names: list[str]) -> tuple[str, str, dict] | None:
+    """``(dotted key, the accepted forms, the bounds of its numeric member)`` when ``names`` runs past a
+    leaf field into a union's member tag (``train.log_samples`` then ``int``); None otherwise."""
+    holder, path = Config, []
+    for name in names:
+        fields = getattr(holder, "__dataclass_fields__", None)
+        if not fields or name not in fields:
+            break
+        path.append(name)
+        annotation = fields[name].type
+        holder = _unwrap(annotation)[0]
+    if not path or len(path) == len(names) or dataclasses.is_dataclass(holder):
+        return None
+    while get_origin(annotation) is Annotated:
+        annotation = get_args(annotation)[0]
+    forms, bounds = [], {}
+    for member in get_args(annotation) or (annotation,):
+        tp, b = _unwrap(member)
+        if get_origin(tp) is Literal:
+            forms += [repr(v) for v in get_args(tp)]
+        else:
+            bounds.update(b)
+            bound = "".join(f" {op} {b[k]}" for k, op in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
+                            if k in b)
+            forms.append(_EXPECTED.get(get_origin(tp) or tp, "another value") + bound)
+    return ".".join(path), " or ".join(forms), bounds
+
+
 def _message(err: dict, data: dict) -> str:
     """A pydantic error as one line naming the dotted key and the value as given in ``data``."""
     loc, got, kind = err["loc"], data, err["type"]
@@ -48,6 +77,12 @@ def _message(err: dict, data: dict) -> str:
     except (KeyError, IndexError, TypeError):
         got = err["input"]
     names = [p for p in loc if isinstance(p, str)]
+    union = _union_field(names)
+    if union is not None:  # a value no member of a union field takes (pydantic names the member it tried)
+        field_key, forms, b = union
+        if kind in ("greater_than", "greater_than_equal") and b:  # a number below the numeric member's bound
+            return f"{field_key} must be {'>=' if 'ge' in b else '>'} {b.get('ge', b.get('gt'))}, got {err['input']!r}"
+        return f"{field_key}: expected {forms}, got {err['input']!r}"
     key = ".".join(names) + "".join(f"[{p}]" for p in loc if isinstance(p, int))
     holder = Config
     for name in names[:-1]:
@@ -69,13 +104,30 @@ def _message(err: dict, data: dict) -> str:
     return f"{key}: expected {expected}, got {got!r}"
 
 
+# Keys earlier releases wrote into every run's config.yaml that mean nothing now: read and dropped with a
+# note, so those runs still resume and evaluate; a --set of one is an unknown key.
+RETIRED = {("eval", "greedy"): "evaluation is always greedy",
+           ("eval", "limit"): "train.eval_limit limits the evaluations during training, sleuth eval has --limit"}
+_noted: set = set()
+
+
+def _drop_retired(data: dict[str, Any]) -> dict[str, Any]:
+    for (section, key), why in RETIRED.items():
+        if isinstance(data.get(section), dict) and key in data[section]:
+            data = {**data, section: {k: v for k, v in data[section].items() if k != key}}
+            if (section, key) not in _noted:
+                _noted.add((section, key))
+                print(f"note: config key {section}.{key} is retired and ignored ({why})", file=sys.stderr)
+    return data
+
+
 def from_dict(data: dict[str, Any] | None) -> Config:
     """Build a Config from a nested dict, checking every key and value (ConfigError naming the first bad one)."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"config: expected a mapping, got {data!r}")
-    data = {k: {} if v is None else v for k, v in data.items()}  # an empty YAML section (``eval:``): defaults
+    data = _drop_retired({k: {} if v is None else v for k, v in data.items()})  # an empty section: defaults
     try:
         return _ADAPTER.validate_python(data)
     except ValidationError as e:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -294,7 +293,3 @@ def make_critic(policy_path: str, *, dtype: str = "float32", device: str = "auto
     model, _ = load_policy(policy_path, dtype=dtype, device=device, gguf_file=gguf_file)
     return ValueHead(model, model.config.hidden_size).to(pick_device(device))
 
-
-def model_summary(model) -> dict:
-    n = sum(p.numel() for p in model.parameters())
-    return {"params": n, "arch": type(model).__name__, "config": json.loads(model.config.to_json_string())}

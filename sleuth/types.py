@@ -114,8 +114,6 @@ class StopReason(str, enum.Enum):
     MAX_TOKENS = "max_tokens"  # a turn hit the per-turn token cap without a stop
     CONTEXT_FULL = "context_full"  # the total context budget is exhausted
     INVALID_ACTION = "invalid_action"  # too many unparseable turns
-    RETRIEVAL_ERROR = "retrieval_error"  # reserved: a failed search is an observation (the row goes on) and is
-    # counted in num_retrieval_errors; the rollout sets no row to this reason today
     EOS = "eos"  # the policy ended (EOS) without an answer
 
 

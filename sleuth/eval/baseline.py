@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sleuth.errors import UserError
+from sleuth.eval.paired import paired_lines
 from sleuth.eval.tables import DISPLAY, pct, source_columns
 
 if TYPE_CHECKING:  # for annotations only: sleuth.eval.metrics pulls numpy, the tables need none of it
@@ -60,7 +61,21 @@ def load_baseline(path: str | Path, questions: list, data_files: list[str]) -> d
     if diffs:
         raise UserError(f"--baseline {base} was run on different data than this eval; rerun one of them on the "
                         "same --data and --limit:\n  " + "\n  ".join(diffs))  # fmt: skip
-    return {"dir": str(base.resolve()), "setting": b_setting, "summary": b_summary}
+    return {"dir": str(base.resolve()), "setting": b_setting, "summary": b_summary, "rows": _rows(base)}
+
+
+def _rows(base: Path) -> dict[str, dict]:
+    """The baseline's per-question rows by id (its ``trajectories.jsonl``), for the paired comparison;
+    empty when the file is not there (a baseline copied without it: the report says so)."""
+    path = base / "trajectories.jsonl"
+    if not path.is_file():
+        return {}
+    rows = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            r = json.loads(line)
+            rows[r["id"]] = r
+    return rows
 
 
 def data_differences(questions: list, data_files: list[str], doc: dict) -> list[str]:
@@ -124,7 +139,12 @@ def baseline_lines(summary: EvalSummary, setting: dict, baseline: dict) -> list[
     out += ["Baseline setting where it differs from this run: " + ("; ".join(diffs) if diffs else "none") + ".", ""]
     out += ["EM and F1 in %, Δ = this run − baseline (points).", ""]
     table = baseline_table(summary, baseline["summary"], setting_label(setting), setting_label(b_setting))
-    return out + table + [""]
+    out += table + [""]
+    if baseline.get("paired"):
+        out += paired_lines(baseline["paired"])
+    else:
+        out += ["(No paired comparison: the baseline directory holds no trajectories.jsonl.)", ""]
+    return out
 
 
 def baseline_figures(summary: EvalSummary, baseline: dict) -> dict:
@@ -141,4 +161,5 @@ def baseline_figures(summary: EvalSummary, baseline: dict) -> dict:
     delta["by_source"] = {src: minus(s, base["by_source"][src])
                           for src, s in summary.by_source.items() if src in base["by_source"]}  # fmt: skip
     label = setting_label(baseline["setting"], long=True)
-    return {"dir": baseline["dir"], "label": label, "setting": baseline["setting"], "summary": figures, "delta": delta}
+    return {"dir": baseline["dir"], "label": label, "setting": baseline["setting"], "summary": figures, "delta": delta,
+            "paired": baseline.get("paired")}

@@ -52,6 +52,7 @@ from sleuth.eval.common import (
     resolve_dtype,
 )
 from sleuth.eval.defaults import resolve_run_defaults
+from sleuth.eval.paired import paired_comparison
 from sleuth.eval.report import (
     check_setting,
     is_finished,
@@ -189,6 +190,8 @@ def _eval(args) -> int:
             judge.judge_rows(missing)
     summary = summarize(rows)
     summary.perf = perf
+    if baseline is not None and baseline["rows"]:
+        baseline["paired"] = paired_comparison(rows, baseline["rows"], seed=args.seed)
     _write_outputs(args, out, summary, setting, baseline, [q.id for q in questions])
     return 0
 
@@ -258,5 +261,6 @@ def _write_outputs(args, out: Path, summary, setting: dict, baseline: dict | Non
             fig = doc["baseline"]["summary"]
             line["baseline"] = {"dir": baseline["dir"], "em": fig["em"], "f1": fig["f1"],
                                 "by_source": {src: {"em": s["em"], "f1": s["f1"]}
-                                              for src, s in fig["by_source"].items()}}  # fmt: skip
+                                              for src, s in fig["by_source"].items()},
+                                "paired": baseline.get("paired")}  # fmt: skip
         print_json_line(line)

@@ -26,6 +26,9 @@ def add_model_retrieval_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--index", help="index directory written by `sleuth index build`")
     p.add_argument("--retriever-url", help="Search-R1 /retrieve endpoint, e.g. http://127.0.0.1:8000/retrieve")
     p.add_argument("--corpus", help="jsonl corpus, indexed with BM25 on the fly (cached)")
+    p.add_argument("--web", choices=["serper", "serpapi", "brave"], default=None,
+                   help="web search through this API (key from SERPER_API_KEY / SERPAPI_API_KEY / BRAVE_API_KEY)")
+    p.add_argument("--web-base-url", default=None, help="with --web: another address for the API (a proxy)")
     p.add_argument("--format", default=None,
                    help="protocol format (default: the one the model was trained with for 'tiny' or a Sleuth "
                         "run dir, else search_r1)")
@@ -82,11 +85,11 @@ def _sha(path: Path, n: int = 16) -> str:
 
 def describe_retriever(args) -> dict:
     """What the retriever is (for the setting) and its cache fingerprint; no index is opened."""
-    given = [x for x in ("index", "retriever_url", "corpus") if getattr(args, x)]
+    given = [x for x in ("index", "retriever_url", "corpus", "web") if getattr(args, x, None)]
     if args.no_search:
         return {"kind": "none", "corpus": "none", "fingerprint": None}
     if len(given) != 1:
-        raise UserError("give exactly one of --index DIR, --retriever-url URL or --corpus FILE "
+        raise UserError("give exactly one of --index DIR, --retriever-url URL, --corpus FILE or --web PROVIDER "
                         f"(got {len(given)}); or --no-search for the no-retrieval baseline")  # fmt: skip
     if args.index:
         meta = read_meta(args.index)
@@ -100,6 +103,8 @@ def describe_retriever(args) -> dict:
             raise UserError(f"--corpus {path}: no such file")
         return {"kind": "bm25", "corpus": path.name, "corpus_path": str(path.resolve()),
                 "fingerprint": f"bm25-corpus-{_sha(path)}"}  # fmt: skip
+    if getattr(args, "web", None):  # results change over time: never cached
+        return {"kind": "web", "corpus": f"{args.web} web search", "fingerprint": None}
     return {"kind": "url", "corpus": f"server at {args.retriever_url}", "url": args.retriever_url, "fingerprint": None}
 
 
@@ -116,13 +121,16 @@ def open_retriever(args, desc: dict, *, cache: bool = False, cache_dir: str | No
 
     if args.no_search:
         return None
-    cfg = RetrievalConfig(kind="url" if args.retriever_url else "bm25", index_dir=args.index,
-                          corpus=args.corpus, url=args.retriever_url, topk=args.topk)  # fmt: skip
+    web = getattr(args, "web", None)
+    cfg = RetrievalConfig(kind="web" if web else "url" if args.retriever_url else "bm25", index_dir=args.index,
+                          corpus=args.corpus, url=args.retriever_url, topk=args.topk, web_provider=web or "serper",
+                          web_base_url=getattr(args, "web_base_url", None))  # fmt: skip
     if args.index:
         cfg.kind = desc["kind"].split(" ")[0]
     retriever = build_retriever(cfg)  # a URL reads its bearer token from $SLEUTH_RETRIEVAL_TOKEN
     if probe:  # before the cache, which would keep the test query
-        flag = "--retriever-url" if args.retriever_url else "--index" if args.index else "--corpus"
+        flag = ("--web" if web else "--retriever-url" if args.retriever_url else "--index" if args.index
+                else "--corpus")
         probe_retriever(retriever, Config(retrieval=cfg), fix=flag)
     if cache and desc.get("fingerprint"):
         root = Path(cache_dir or os.environ.get("SLEUTH_CACHE", Path.home() / ".cache" / "sleuth"))

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from array import array
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -302,9 +301,3 @@ def index_text(title: str, text: str) -> str:
     """The text a retriever indexes for a passage: the title line, then the body."""
     return f"{title}\n{text}" if title else text
 
-
-def corpus_size_bytes(directory: str | Path) -> int:
-    """Bytes the store takes on disk."""
-    d = Path(directory)
-    return sum(os.path.getsize(d / n) for n in (ARROW_FILE, HASH_FILE, ROWS_FILE, SOURCE_FILE)
-               if (d / n).exists())

@@ -14,6 +14,7 @@ from sleuth.retrieval.client import RemoteRetriever
 from sleuth.retrieval.corpus import parse_row
 from sleuth.retrieval.index import META_FILE, build_index, load_index
 from sleuth.retrieval.memory import InMemoryRetriever
+from sleuth.retrieval.web import make_web_retriever
 from sleuth.types import Passage
 
 
@@ -68,6 +69,9 @@ def bm25_for_corpus(corpus: str | Path, *, show_progress: bool = False) -> Retri
 def build_retriever(cfg: RetrievalConfig, *, show_progress: bool = False) -> Retriever:
     """``url`` -> HTTP client; ``index_dir`` -> the built index; ``corpus`` -> a cached BM25 index.
     ``query_prefix``/``passage_prefix`` apply to a dense ``index_dir`` only (refused elsewhere)."""
+    if cfg.kind == "web":  # a search API; the key from its environment variable (web.MissingAPIKeyError names it)
+        return make_web_retriever(cfg.web_provider, base_url=cfg.web_base_url, timeout_s=cfg.timeout_s,
+                                  retries=cfg.retries)
     use_url = cfg.kind == "url" or (cfg.url and not cfg.index_dir)
     prefixes = {"query_prefix": cfg.query_prefix, "passage_prefix": cfg.passage_prefix}
     if (use_url or not cfg.index_dir) and any(v is not None for v in prefixes.values()):

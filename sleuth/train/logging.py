@@ -31,7 +31,7 @@ def _clean(value: Any) -> Any:
     return value
 
 
-def trajectory_record(traj: Trajectory, tokenizer=None, max_chars: int = SEGMENT_TEXT_LIMIT) -> dict[str, Any]:
+def trajectory_record(traj: Trajectory, max_chars: int = SEGMENT_TEXT_LIMIT) -> dict[str, Any]:
     """A human-readable dump of one trajectory: the question, its scores (``score_trajectory``: EM,
     F1, searches, stop reason ...), the reward, every turn with its searches' passages, the prompt,
     and the segments after it with their masks (kind) and roles (``sleuth.records``)."""
@@ -217,10 +217,11 @@ class MetricsLogger:
             )
             self._progress.update(self._task, completed=step, info=info)
 
-    def log_samples(self, step: int, trajectories: list[Trajectory], n: int = 2) -> None:
+    def log_samples(self, step: int, trajectories: list[Trajectory], n: int | str = 2) -> None:
+        """The first ``n`` trajectories (``"all"``: every one) into ``samples.jsonl``."""
         if not self.enabled:
             return
-        for traj in trajectories[:n]:
+        for traj in trajectories if n == "all" else trajectories[:n]:
             self._samples.write(json.dumps({"step": step, **trajectory_record(traj)}) + "\n")
         self._samples.flush()
 

@@ -73,6 +73,7 @@ class Trainer:
         self.sampler_gap = SamplerGap(cfg.train.sampler_check_every, cfg.train.sampler_max_gap,
                                       device=self.state.compute_device, dtype=cfg.model.dtype)
         self.layout = RowLayout.choose(cfg.train, self.policy, warn=self.ctx.is_main)  # padded, packed or shared
+        self._peaks = PhasePeaks(self.state.compute_device, self.memory_plan)  # each step starts its own
         self.fmt, self.retriever, self.reward_fn = build_format(cfg), build_retriever(cfg), build_reward(cfg)
         self.sampler = QuestionSampler(train_questions(cfg), seed=cfg.train.seed, shuffle=cfg.data.shuffle)
         if len(self.sampler.questions) < cfg.train.questions_per_step:

@@ -180,9 +180,59 @@ def make_plan(cfg: Config, shape: ModelShape, *, world_size: int = 1, capacity: 
     shard = world_size if fsdp else 1
     compute = DTYPE_BYTES[mc.dtype]
     P = shape.params
-    trainable = lora_params(shape, mc.lora_rank, mc.lora_targets) if mc.lora_rank > 0 else P
     plan = MemoryPlan(world_size=world_size, capacity=capacity, device=device)
     it, notes = plan.items, plan.notes
+    held = _held_terms(plan, cfg, shape, shard, fsdp)
+    static = sum(it.values())
+    copy = compute * P if compute != 4 and not fsdp else 0.0
+    if fsdp and compute != 4:  # the update casts at each use; the casts are saved for backward per block
+        copy = compute * P / shape.layers if tc.grad_checkpointing else compute * P
+    it["compute copy"] = copy
+    notes["compute copy"] = f"{mc.dtype} weights under autocast" if copy else "none (float32 compute)"
+    # FSDP: generation runs on the full weights, every block all-gathered (sleuth.train.distributed.gathered)
+    gathered = 4 * P * (shard - 1) / shard + (compute * P if compute != 4 else 0.0) if fsdp else 0.0
+    if fsdp:
+        it["gathered weights"] = gathered
+        notes["gathered weights"] = "FSDP rollout: the full float32 weights (+ their autocast copy)"
+    it["gradients"] = 4 * held["trainable"] / shard
+    tokens = tc.max_tokens_per_micro_batch or tc.micro_batch_size * rc.max_context_tokens
+    rows = cfg.train.questions_per_step * rc.group_size // max(world_size, 1)  # this rank's rows a step
+    per_token = activation_bytes_per_token(shape, mc.dtype, tc.grad_checkpointing)
+    it["activations"] = per_token * tokens * (2 if held["critic"] else 1)
+    notes["activations"] = (f"{tokens} tokens per micro-batch x {per_token / 2**10:.0f} KiB"
+                            + (", checkpointed" if tc.grad_checkpointing else "")
+                            + (", policy + critic" if held["critic"] else ""))
+    if tc.remove_padding:  # eager/SDPA: the packed row's [N, N] block-diagonal mask (flash attention needs none)
+        it["packed-row mask"] = float(tokens) ** 2
+        notes["packed-row mask"] = f"[{tokens}, {tokens}] booleans (eager/SDPA attention)"
+    _output_layer_term(plan, cfg, shape, tokens, rows, device)
+    pooled = _generation_terms(plan, cfg, shape, rows)
+    plan.phases["rollout"] = (static + (gathered if fsdp else copy) + it["KV cache"] + it["prefix store"],
+                              "static + " + ("gathered weights" if fsdp else "compute copy")
+                              + " + KV cache + prefix store")
+    plan.phases["update"] = (static + copy + it["gradients"] + it["activations"] + it["output layer"]
+                             + it.get("packed-row mask", 0.0) + (it["KV cache"] if pooled else 0.0),
+                             "static + compute copy + gradients + activations + output layer"
+                             + (" + packed-row mask" if tc.remove_padding else "") + (" + KV pool" if pooled else ""))
+    if held["use_ref"] and (fsdp or tc.offload_reference):  # the whole reference on the device for its pass
+        ref_bytes = held["ref_bytes"]
+        visiting = ref_bytes if tc.offload_reference else ref_bytes * (shard - 1) / shard
+        plan.phases["reference pass"] = (static + visiting, "static + the whole reference"
+                                         + (" (brought from CPU memory)" if tc.offload_reference else " (gathered)"))
+    # AdamW's foreach step allocates one temporary per trainable parameter (sqrt of the second moment)
+    step_temp = 4 * (held["trainable"] + (P if held["critic"] else 0)) / shard
+    plan.phases["optimizer step"] = (static + it["gradients"] + step_temp + (held["adam"] if tc.offload_optimizer else 0.0),
+                                     "static + gradients + " + ("AdamW state + " if tc.offload_optimizer else "")
+                                     + "AdamW's temporaries")
+    plan.peak = max(value for value, _ in plan.phases.values())
+    return plan
+
+
+def _held_terms(plan: MemoryPlan, cfg: Config, shape: ModelShape, shard: int, fsdp: bool) -> dict:
+    """What every phase holds: master weights, AdamW state, the reference, the critic."""
+    mc, tc = cfg.model, cfg.train
+    it, notes, P = plan.items, plan.notes, shape.params
+    trainable = lora_params(shape, mc.lora_rank, mc.lora_targets) if mc.lora_rank > 0 else P
     it["master weights"] = 4 * (P + (trainable if mc.lora_rank > 0 else 0)) / shard
     notes["master weights"] = f"float32, {P / 1e9:.2f}B parameters" + (" (sharded)" if fsdp else "")
     critic = cfg.algo.advantage == "gae"
@@ -199,44 +249,34 @@ def make_plan(cfg: Config, shape: ModelShape, *, world_size: int = 1, capacity: 
                           if use_ref else "none (no KL term, or LoRA: the base)")
     it["critic"] = (8 if tc.offload_optimizer else 16) * P / shard if critic else 0.0
     notes["critic"] = ("weights, gradients" + ("" if tc.offload_optimizer else ", AdamW state")) if critic else "none"
-    static = sum(it.values())
+    return {"trainable": trainable, "critic": critic, "adam": adam, "use_ref": use_ref, "ref_bytes": ref_bytes}
 
-    copy = compute * P if compute != 4 and not fsdp else 0.0
-    if fsdp and compute != 4:  # the update casts at each use; the casts are saved for backward per block
-        copy = compute * P / shape.layers if tc.grad_checkpointing else compute * P
-    it["compute copy"] = copy
-    notes["compute copy"] = f"{mc.dtype} weights under autocast" if copy else "none (float32 compute)"
-    # FSDP: generation runs on the full weights, every block all-gathered (sleuth.train.distributed.gathered)
-    gathered = 4 * P * (shard - 1) / shard + (compute * P if compute != 4 else 0.0) if fsdp else 0.0
-    if fsdp:
-        it["gathered weights"] = gathered
-        notes["gathered weights"] = "FSDP rollout: the full float32 weights (+ their autocast copy)"
-    it["gradients"] = 4 * trainable / shard
-    tokens = tc.max_tokens_per_micro_batch or tc.micro_batch_size * rc.max_context_tokens
-    rows = cfg.train.questions_per_step * rc.group_size // max(world_size, 1)  # this rank's rows a step
-    per_token = activation_bytes_per_token(shape, mc.dtype, tc.grad_checkpointing)
-    it["activations"] = per_token * tokens * (2 if critic else 1)
-    notes["activations"] = (f"{tokens} tokens per micro-batch x {per_token / 2**10:.0f} KiB"
-                            + (", checkpointed" if tc.grad_checkpointing else "") + (", policy + critic" if critic else ""))
-    if tc.remove_padding:  # eager/SDPA: the packed row's [N, N] block-diagonal mask (flash attention needs none)
-        it["packed-row mask"] = float(tokens) ** 2
-        notes["packed-row mask"] = f"[{tokens}, {tokens}] booleans (eager/SDPA attention)"
-    if shape.chunked_head:
-        from sleuth.train.chunked_head import chunk_positions  # lazy: only for chunked heads
 
-        chunk = min(chunk_positions(shape.vocab, device="cuda" if device.startswith("cuda") else "cpu"), tokens)
-        # two [C, V] float32 blocks, the saved hidden states, the weight cast once to the compute dtype, and
-        # when micro-batches accumulate, the weight gradient's float32 accumulator beside the gradient it
-        # is added into (for the first micro-batch it becomes that gradient)
-        head = shape.vocab * shape.hidden
-        accumulates = rows > tc.micro_batch_size or rows * rc.max_context_tokens > tokens
-        it["output layer"] = (2 * 4 * chunk * shape.vocab + 4 * tokens * shape.hidden
-                              + (compute * head if compute != 4 else 0) + (4 * head if accumulates else 0))
-        notes["output layer"] = (f"chunked ({chunk} positions a block), recomputed in backward; its weight cast once"
-                                 + ("; a float32 weight-gradient accumulator" if accumulates else ""))
-    else:
-        it["output layer"] = 20.0 * tokens * shape.vocab
-        notes["output layer"] = f"full logits, 20 B per token x {shape.vocab} vocabulary"
+def _output_layer_term(plan: MemoryPlan, cfg: Config, shape: ModelShape, tokens: int, rows: int, device: str) -> None:
+    """The output layer of one micro-batch: chunked (a block of positions at a time) or full logits."""
+    tc, rc, compute = cfg.train, cfg.rollout, DTYPE_BYTES[cfg.model.dtype]
+    if not shape.chunked_head:
+        plan.items["output layer"] = 20.0 * tokens * shape.vocab
+        plan.notes["output layer"] = f"full logits, 20 B per token x {shape.vocab} vocabulary"
+        return
+    from sleuth.train.chunked_head import chunk_positions  # lazy: only for chunked heads
+
+    chunk = min(chunk_positions(shape.vocab, device="cuda" if device.startswith("cuda") else "cpu"), tokens)
+    # two [C, V] float32 blocks, the saved hidden states, the weight cast once to the compute dtype, and
+    # when micro-batches accumulate, the weight gradient's float32 accumulator beside the gradient it
+    # is added into (for the first micro-batch it becomes that gradient)
+    head = shape.vocab * shape.hidden
+    accumulates = rows > tc.micro_batch_size or rows * rc.max_context_tokens > tokens
+    plan.items["output layer"] = (2 * 4 * chunk * shape.vocab + 4 * tokens * shape.hidden
+                                  + (compute * head if compute != 4 else 0) + (4 * head if accumulates else 0))
+    plan.notes["output layer"] = (f"chunked ({chunk} positions a block), recomputed in backward; its weight cast once"
+                                  + ("; a float32 weight-gradient accumulator" if accumulates else ""))
+
+
+def _generation_terms(plan: MemoryPlan, cfg: Config, shape: ModelShape, rows: int) -> bool:
+    """The rollout's KV cache and prefix store; True when compiled hf_static keeps its pool through the update."""
+    rc, mc = cfg.rollout, cfg.model
+    it, notes = plan.items, plan.notes
     gen_rows = min(rc.max_concurrent_rows or rows, rows)
     pooled = rc.backend == "hf_static" and rc.hf_compile  # a persistent pool of the bucket's shape (rollout/hf_static)
     kv_rows, kv_width = gen_rows, rc.max_context_tokens
@@ -244,7 +284,7 @@ def make_plan(cfg: Config, shape: ModelShape, *, world_size: int = 1, capacity: 
         from sleuth.rollout.hf_static import bucket_shape  # lazy: only for compiled hf_static
 
         kv_rows, kv_width = bucket_shape(gen_rows, rc.max_context_tokens)
-    it["KV cache"] = kv_rows * kv_width * 2 * shape.layers * shape.kv_dim * compute
+    it["KV cache"] = kv_rows * kv_width * 2 * shape.layers * shape.kv_dim * DTYPE_BYTES[mc.dtype]
     notes["KV cache"] = (f"{kv_rows} rows x {kv_width} tokens generating at once, K and V in {mc.dtype}"
                          + ("; compiled hf_static's pool, kept through the update" if pooled else ""))
     # HF backends, several rounds: each finished row's keys/values are copied out and kept for the next
@@ -253,24 +293,7 @@ def make_plan(cfg: Config, shape: ModelShape, *, world_size: int = 1, capacity: 
     it["prefix store"] = it["KV cache"] if rc.max_turns > 0 and rc.backend != "vllm" else 0.0
     notes["prefix store"] = ("finished rows' keys/values kept for the next round (as large as the KV cache)"
                              if it["prefix store"] else "none (one round, or vLLM)")
-    plan.phases["rollout"] = (static + (gathered if fsdp else copy) + it["KV cache"] + it["prefix store"],
-                              "static + " + ("gathered weights" if fsdp else "compute copy")
-                              + " + KV cache + prefix store")
-    plan.phases["update"] = (static + copy + it["gradients"] + it["activations"] + it["output layer"]
-                             + it.get("packed-row mask", 0.0) + (it["KV cache"] if pooled else 0.0),
-                             "static + compute copy + gradients + activations + output layer"
-                             + (" + packed-row mask" if tc.remove_padding else "") + (" + KV pool" if pooled else ""))
-    if use_ref and (fsdp or tc.offload_reference):  # the whole reference on the device for its pass
-        visiting = ref_bytes if tc.offload_reference else ref_bytes * (shard - 1) / shard
-        plan.phases["reference pass"] = (static + visiting, "static + the whole reference"
-                                         + (" (brought from CPU memory)" if tc.offload_reference else " (gathered)"))
-    # AdamW's foreach step allocates one temporary per trainable parameter (sqrt of the second moment)
-    step_temp = 4 * (trainable + (P if critic else 0)) / shard
-    plan.phases["optimizer step"] = (static + it["gradients"] + step_temp + (adam if tc.offload_optimizer else 0.0),
-                                     "static + gradients + " + ("AdamW state + " if tc.offload_optimizer else "")
-                                     + "AdamW's temporaries")
-    plan.peak = max(value for value, _ in plan.phases.values())
-    return plan
+    return pooled
 
 
 def advice(plan: MemoryPlan, cfg: Config) -> str:

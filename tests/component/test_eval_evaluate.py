@@ -188,6 +188,14 @@ def test_eval_cli_search_beside_no_search_baseline(tmp_path, monkeypatch, capsys
     assert "| Source | n | EM search | EM no search | Δ EM | F1 search | F1 no search | Δ F1 |" in report
     assert f"| NQ | 2 | {100 * nq_ours:.1f} | 100.0 | {100 * (nq_ours - 1):+.1f} |" in report
     assert "no_search: True (this run False)" in report
+    # paired by question: the baseline's nq rows are all right, so every nq difference is <= 0 and its
+    # interval ends at or below 0; the same figures in results.json, the --json line and report.md
+    paired = fig["paired"]
+    assert paired == line["baseline"]["paired"] and paired["overall"]["n"] == 4 and paired["unpaired"] == 0
+    nq = paired["by_source"]["nq"]
+    assert nq["em_diff"] == pytest.approx(nq_ours - 1.0) and nq["em_ci95"][1] <= 0.0 and nq["gained"] == 0
+    assert nq["lost"] == round(2 * (1 - nq_ours))
+    assert "Paired by question: this run − baseline" in report and "| All | 4 |" in report
     # other questions (--limit 1: one per data source), or the eval's own directory, are refused before
     # any model loads
     assert main(base + ["--limit", "1", "--baseline", str(direct), "--out", str(tmp_path / "x")]) == 2

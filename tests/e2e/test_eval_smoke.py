@@ -142,7 +142,7 @@ def test_eval_bad_input_errors(world, tmp_path, capsys):
     assert f"{bad}:2: field 'question' must be a non-empty string" in capsys.readouterr().err
     argv = ["eval", "--model", str(world / "model"), "--data", DEV[0], "--out", str(tmp_path / "b")]
     assert main(argv) == 2
-    assert "give exactly one of --index DIR, --retriever-url URL or --corpus FILE" in capsys.readouterr().err
+    assert "give exactly one of --index DIR, --retriever-url URL, --corpus FILE or --web PROVIDER" in capsys.readouterr().err
     assert main(argv + ["--corpus", str(tmp_path / "nope.jsonl")]) == 2
     assert "nope.jsonl: no such file" in capsys.readouterr().err
     assert main(argv + ["--corpus", str(CORPUS), "--judge-url", "http://127.0.0.1:1/v1"]) == 2

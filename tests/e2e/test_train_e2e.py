@@ -114,9 +114,12 @@ def test_train_changes_every_parameter_and_logs(world, tmp_path):
 
 
 @pytest.mark.parametrize("extra", [[], ["algo.advantage=gae", "train.critic_lr_warmup_steps=3", "train.critic_lr=0.01",
-                                    "train.offload_optimizer=true"]], ids=["grpo", "ppo"])
+                                    "train.offload_optimizer=true"],
+                                   ["train.dynamic_sampling=true", "train.max_sampling_rounds=3"]],
+                         ids=["grpo", "ppo", "dynamic_sampling"])
 def test_resume_matches_uninterrupted_run(world, tmp_path, extra):
-    """(ppo: the critic's optimizer and learning-rate warm-up resume too.)"""
+    """(ppo: the critic's optimizer and learning-rate warm-up resume too; dynamic sampling: the question
+    cursor covers every round's draws.)"""
     full, part = tmp_path / "full", tmp_path / "part"
     extra = ["train.eval_every=0", *extra]
     assert main(_args(world, full, 4, extra)) == 0
@@ -296,6 +299,45 @@ def test_out_of_memory_in_a_step_keeps_its_error_and_says_which_step(world, tmp_
     with pytest.raises(torch.OutOfMemoryError, match="Tried to allocate") as info:
         trainer.train_step()
     assert any("step 1 ran out of device memory" in n for n in info.value.__notes__)
+
+
+def test_dynamic_sampling_keeps_groups_whose_rewards_differ_and_counts_the_rest(world, tmp_path):
+    """Rounds of draws until the step holds questions_per_step groups with reward variance; the others are
+    dropped before any logprob pass (or fill the step when the rounds run out), and every draw moves the
+    question cursor."""
+    trainer = _trainer(world, tmp_path / "run", ["train.dynamic_sampling=true", "train.max_sampling_rounds=4"])
+    start = trainer.sampler.state()["pos"]
+    batch = trainer.collect()
+    m = batch.metrics
+    q = trainer.cfg.train.questions_per_step
+    assert trainer.sampler.state()["pos"] - start == m["sampling/rounds"] * q  # every round's draw counted
+    assert m["sampling/drawn_groups"] == m["sampling/rounds"] * q
+    assert m["sampling/kept_groups"] == q and m["sampling/dropped_groups"] == m["sampling/drawn_groups"] - q
+    groups: dict = {}
+    for t, r in zip(batch.trajectories, batch.scores_B.tolist()):
+        groups.setdefault(t.group_id, []).append(r)
+    assert len(groups) == q and len({b.id for b in batch.questions}) == q
+    with_variance = sum(len(set(rs)) > 1 for rs in groups.values())
+    assert with_variance == q - m["sampling/filled_groups"]
+    assert m["sampling/filled_groups"] == 0 or m["sampling/rounds"] == 4  # filled only when the rounds ran out
+    assert 0 <= m["groups/reward_variance_share"] <= 1 and m["groups/count"] == m["sampling/drawn_groups"]
+
+
+@pytest.mark.parametrize("mode", ["mask", "penalty"])
+def test_overlong_trajectories_are_masked_or_penalised(world, tmp_path, mode):
+    """A per-turn cap of 3 tokens cuts most trajectories: mask leaves them out of the loss, penalty lowers
+    their reward by train.overlong_penalty; the others are untouched."""
+    sets = ["rollout.max_tokens_per_turn=3", f"train.overlong={mode}", "train.overlong_penalty=0.25"]
+    keep = _trainer(world, tmp_path / "keep", ["rollout.max_tokens_per_turn=3"]).collect()
+    batch = _trainer(world, tmp_path / mode, sets).collect()
+    cut = torch.tensor([t.stop_reason.value in ("max_tokens", "context_full") for t in batch.trajectories])
+    assert cut.any() and batch.metrics["rollout/overlong_trajectories"] == float(cut.sum())
+    if mode == "mask":
+        assert batch.loss_mask_BT[cut].sum() == 0
+        assert torch.equal(batch.loss_mask_BT[~cut], keep.loss_mask_BT[~cut])
+    else:
+        assert torch.equal(batch.loss_mask_BT, keep.loss_mask_BT)
+        assert torch.allclose(batch.scores_B, keep.scores_B - 0.25 * cut.float())
 
 
 def _trainer(world, out, extra=()):

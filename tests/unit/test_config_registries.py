@@ -57,7 +57,7 @@ def _loss_aggregations():
 def _retrieval_kinds():
     from sleuth.retrieval.index import KINDS
 
-    return [*KINDS, "url", "memory"]  # the index kinds, a remote server, a corpus held in memory
+    return [*KINDS, "url", "memory", "web"]  # the index kinds, a remote server, a corpus held in memory, web search
 
 
 def _parallel():
@@ -74,11 +74,13 @@ REGISTRIES = {
     "algo.advantage": ("sleuth.algo.advantages.ADVANTAGES", _advantages),
     "algo.kl_estimator": ("sleuth.algo.kl.KL_ESTIMATORS", _kl_estimators),
     "algo.loss_agg": ("sleuth.algo.aggregate.LOSS_AGGREGATIONS", _loss_aggregations),
-    "retrieval.kind": ("sleuth.retrieval.index.KINDS + url, memory", _retrieval_kinds),
+    "retrieval.kind": ("sleuth.retrieval.index.KINDS + url, memory, web", _retrieval_kinds),
     "train.parallel": ("sleuth.train.distributed.PARALLEL", _parallel),
+    "retrieval.web_provider": ("sleuth.retrieval.web.PROVIDERS", lambda: __import__(
+        "sleuth.retrieval.web", fromlist=["PROVIDERS"]).PROVIDERS),
 }
 # Choices whose users test the names in place (no registry to compare with).
-FIXED = {"rollout.backend", "algo.kl_mode", "train.schedule", "train.on_collapse", "sft.source"}
+FIXED = {"rollout.backend", "algo.kl_mode", "train.schedule", "train.on_collapse", "sft.source", "train.overlong"}
 
 
 def _choice_fields() -> dict[str, tuple]:

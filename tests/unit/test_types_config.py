@@ -275,3 +275,32 @@ def test_saved_yaml_keeps_the_sections_and_fields_in_order(tmp_path):
     assert list(data) == ["model", "data", "retrieval", "rollout", "reward", "algo", "train", "eval", "sft"]
     assert list(data["train"])[:3] == ["total_steps", "questions_per_step", "lr"] and data["train"]["lr"] == 1e-6
     assert load_config(tmp_path / "c.yaml") == cfg
+
+
+def test_retired_keys_of_an_old_run_config_are_dropped_with_a_note_and_refused_as_overrides(tmp_path, capsys,
+                                                                                         monkeypatch):
+    """Earlier releases wrote eval.greedy and eval.limit into every run's config.yaml; such a file still
+    loads (the keys dropped, a note says why), while a --set of a retired key is an unknown key."""
+    from sleuth import config_file
+    from sleuth.config_file import ConfigError, load_config
+
+    monkeypatch.setattr(config_file, "_noted", set())  # noted once per process
+    old = tmp_path / "config.yaml"
+    old.write_text("eval:\n  greedy: true\n  limit: null\n  batch_size: 8\n")
+    cfg = load_config(old)
+    assert cfg.eval.batch_size == 8 and not hasattr(cfg.eval, "greedy")
+    err = capsys.readouterr().err
+    assert "eval.greedy is retired" in err and "eval.limit is retired" in err
+    with pytest.raises(ConfigError, match="unknown config key 'eval.greedy'"):
+        load_config(None, ["eval.greedy=false"])
+
+
+def test_log_samples_takes_a_count_or_all_and_names_both_forms_when_wrong():
+    from sleuth.config_file import ConfigError, load_config
+
+    assert load_config(None, ["train.log_samples=all"]).train.log_samples == "all"
+    assert load_config(None, ["train.log_samples=5"]).train.log_samples == 5
+    with pytest.raises(ConfigError, match=r"^train.log_samples: expected an integer >= 0 or 'all', got 'some'$"):
+        load_config(None, ["train.log_samples=some"])
+    with pytest.raises(ConfigError, match=r"^train.log_samples must be >= 0, got -1$"):
+        load_config(None, ["train.log_samples=-1"])
