@@ -14,6 +14,7 @@ from dataclasses import replace
 
 from sleuth.config import Config
 from sleuth.data.qa import PerSourceLimit, load_questions
+from sleuth.errors import ConfigError, DataError
 from sleuth.retrieval.base import Retriever
 from sleuth.retrieval.factory import build_retriever as retriever_from_config
 from sleuth.reward import build_reward as reward_from_config
@@ -31,8 +32,8 @@ def load_split(spec: str, cfg: Config, limit: int | None = None) -> list[Questio
     if spec.startswith("world:"):
         split, world = spec.split(":", 1)[1], named_world()
         if split not in world.splits:
-            raise ValueError(f"data file {spec!r}: the embedded world has splits "
-                             f"{' and '.join('world:' + s for s in world.splits)}")
+            raise DataError(f"data file {spec!r}: the embedded world has splits "
+                            f"{' and '.join('world:' + s for s in world.splits)}")
         keep = PerSourceLimit(limit)  # world_1hop and world_2hop
         return [q for q in world.questions(cfg, split) if keep.take(q.data_source)]
     return load_questions(spec, limit=limit)
@@ -72,8 +73,8 @@ def probe_retriever(retriever, cfg: Config, *, fix: str = "retrieval.*") -> None
         r = cfg.retrieval
         where = (f"{r.web_provider} {r.web_base_url or ''}".strip() if r.kind == "web"
                  else r.url or r.index_dir or r.corpus)
-        raise ValueError(f"the retriever ({cfg.retrieval.kind}: {where}) failed a test search: {e}; start it "
-                         f"(e.g. sleuth serve --index DIR) or fix {fix}") from None
+        raise ConfigError(f"the retriever ({cfg.retrieval.kind}: {where}) failed a test search: {e}; start it "
+                          f"(e.g. sleuth serve --index DIR) or fix {fix}") from None
 
 
 def build_format(cfg: Config) -> ProtocolFormat:

@@ -12,9 +12,9 @@ import argparse
 import importlib
 import sys
 
-from sleuth.version import __version__
-from sleuth.errors import UserError
+from sleuth.errors import SleuthError
 from sleuth.retrieval.base import RetrieverDownError
+from sleuth.version import __version__
 
 # Modules that contribute commands, in help order.
 COMMAND_MODULES = [
@@ -53,15 +53,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args.func(args) or 0)
-    except (UserError, FileNotFoundError, ValueError) as e:
-        # Input errors carry messages that name the input; a traceback would only hide them.
-        print(f"sleuth: error: {e}", file=sys.stderr)
-        return 2
-    except Exception as e:  # a retriever that stays down: the message says what happened and what to do
-        if not isinstance(e, RetrieverDownError):
-            raise
+    except RetrieverDownError as e:  # a retriever that stays down: the message says what happened and what to do
         print(f"sleuth: error: {e}", file=sys.stderr)
         return 1
+    except (SleuthError, FileNotFoundError) as e:
+        # Errors caused by input (sleuth.errors; a missing file names its path) carry messages that name
+        # the input and what to do: one line, exit 2. Anything else is a bug and keeps its traceback.
+        print(f"sleuth: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -191,6 +191,9 @@ class RewardConfig:
     """lambda_retrieval of the Search-R1 v0.3 composite."""
     final_format_score: Float = 0.0
     """Reward for a well-formed response with a wrong answer (Search-R1 v0.3)."""
+    search_cost: Annotated[Float, Field(ge=0)] = 0.0
+    """Subtracted from a trajectory's reward per search it executed, so budget-aware policies can be trained
+    (``rollout/searches_mean`` and eval's searches per question report the spend). 0: searches are free."""
 
 
 @_section
@@ -215,6 +218,13 @@ class AlgoConfig:
     """How per-token losses are reduced to one loss."""
     tis_cap: Annotated[Float | None, Field(gt=0)] = None
     """Truncated importance sampling cap on trainer/sampler probability ratios; None disables."""
+    guide_coef: Annotated[Float, Field(ge=0)] = 0.0
+    """Guided updates for small models (a departure from GRPO; DGPO, David-GRPO): for a group whose every sample
+    is wrong (exact match 0) and whose question has a transcript in ``guide_files``, the step adds this times the
+    transcript's supervised loss (SFT's masks; token mean over the step's guide tokens). 0: off."""
+    guide_files: Names = field(default_factory=list)
+    """guide_coef > 0: gold transcripts (``sleuth sft``'s ``transcripts.jsonl``, or any JSONL of transcripts),
+    matched to questions by id."""
     gamma: Float = 1.0
     """Discount per sampled token of reinforce_pp and gae returns."""
     lam: Float = 1.0

@@ -14,11 +14,7 @@ import yaml
 from pydantic import TypeAdapter, ValidationError
 
 from sleuth.config import Config
-
-
-class ConfigError(ValueError):
-    """A config key or value is wrong; the message names it."""
-
+from sleuth.errors import ConfigError  # a wrong key or value; the message names it
 
 _ADAPTER = TypeAdapter(Config)
 _EXPECTED = {int: "an integer", float: "a finite number (e.g. 1e-6, 0.001, 3)", bool: "true/false",

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from sleuth.device import check_device
+from sleuth.errors import ConfigError, ModelError
 from sleuth.named import model_dir
 from sleuth.run_layout import previous_checkpoint
 
@@ -24,7 +25,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-class ModelLoadError(ValueError):
+class ModelLoadError(ModelError):
     """``from_pretrained`` could not load what the user named (a hub name without network or cache,
     a directory with broken or missing files); the message names the model and what to do."""
 
@@ -108,7 +109,7 @@ def resolve_model(name_or_path: str, gguf_file: str | None = None) -> ModelSourc
         return ModelSource(str(p.parent), p.name)
     if p.exists():
         if not p.is_dir():
-            raise ValueError(f"model path {p} is a file; give a model directory, a .gguf file, or a hub name")
+            raise ModelLoadError(f"model path {p} is a file; give a model directory, a .gguf file, or a hub name")
         ckpt = resolve_checkpoint(p)
         if ckpt is not None:
             return ModelSource(str(ckpt))
@@ -124,7 +125,7 @@ def resolve_model(name_or_path: str, gguf_file: str | None = None) -> ModelSourc
 
 def pick_device(device: str = "auto") -> torch.device:
     """``auto`` (cuda when available, else cpu), or a device this machine has; anything else is a
-    ValueError naming the value and what is valid (:func:`sleuth.device.check_device`)."""
+    ConfigError naming the value and what is valid (:func:`sleuth.device.check_device`)."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(check_device(device, flag="--device / model.device"))
@@ -181,7 +182,7 @@ def load_policy(name_or_path: str, *, dtype: str = "float32", device: str = "aut
     from transformers import AutoModelForCausalLM
 
     if dtype not in DTYPES:
-        raise ValueError(f"model.dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+        raise ConfigError(f"model.dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     source = resolve_model(model_dir(name_or_path), gguf_file)  # "tiny": the embedded model (sleuth.named)
     target = pick_device(device)  # a bad device fails before the (slow) load
     kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
@@ -232,8 +233,8 @@ def _as_plain_weights(model, source) -> None:
     GGUF quantizer, which makes ``save_pretrained`` refuse (so no checkpoint could be written).
     Drop the marker; refuse weights still in GGUF blocks (a GGUF kernel), which cannot train."""
     if not all(p.is_floating_point() for p in model.parameters()):
-        raise ValueError(f"{source.path}/{source.gguf_file}: its weights stayed in quantized GGUF blocks, which "
-                         "cannot be trained or saved; convert it to a Hugging Face directory first")
+        raise ModelLoadError(f"{source.path}/{source.gguf_file}: its weights stayed in quantized GGUF blocks, which "
+                             "cannot be trained or saved; convert it to a Hugging Face directory first")
     model.hf_quantizer = None
     if getattr(model.config, "quantization_config", None) is not None:
         del model.config.quantization_config

@@ -32,6 +32,7 @@ import torch
 
 from sleuth.algo.aggregate import aggregate_loss, check_same_shape, masked_max, masked_mean
 from sleuth.algo.kl import kl_k3
+from sleuth.errors import ConfigError
 
 __all__ = [
     "PolicyLossStats",
@@ -65,7 +66,7 @@ class PolicyLossStats:
 
 def _check_clips(clip_low: float, clip_high: float, dual_clip: float | None) -> None:
     if not 0.0 <= clip_low < 1.0:
-        raise ValueError(f"clip_low must be in [0, 1), got {clip_low}")
+        raise ConfigError(f"clip_low must be in [0, 1), got {clip_low}")
     if clip_high < 0.0:
         raise ValueError(f"clip_high must be >= 0, got {clip_high}")
     if dual_clip is not None and dual_clip <= 1.0:
@@ -167,7 +168,7 @@ def value_loss(
     """PPO clipped value loss; returns ``(loss, clipfrac)`` (clipfrac detached)."""
     check_same_shape(values_BT=values_BT, old_values_BT=old_values_BT, returns_BT=returns_BT, mask_BT=mask_BT)
     if clip is not None and clip < 0:
-        raise ValueError(f"value clip must be >= 0 (or None to disable), got {clip}")
+        raise ConfigError(f"value clip must be >= 0 (or None to disable), got {clip}")
     old_BT, target_BT = old_values_BT.detach(), returns_BT.detach()  # [B, T]
     sq_BT = (values_BT - target_BT).square()  # [B, T]
     if clip is None:

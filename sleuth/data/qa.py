@@ -26,12 +26,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from sleuth.errors import DataError
 from sleuth.types import Question
 
 HUB_REPO = "RUC-NLPIR/FlashRAG_datasets"
 
 
-class QADataError(ValueError):
+class QADataError(DataError):
     """A QA file (or hub dataset) that cannot be read as questions; the message names the input."""
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
-from sleuth.errors import UserError
+from sleuth.errors import ConfigError, UserError
 from sleuth.eval.common import add_model_retrieval_args, describe_retriever, load_model, open_retriever, protocol
 from sleuth.eval.defaults import resolve_run_defaults
 from sleuth.output import print_json_line
@@ -69,11 +69,11 @@ def ask_one(text: str, backend, tokenizer, fmt, retriever, rollout_cfg, *, topk:
 
     out = out or sys.stdout
     if not text.strip():
-        raise ValueError("the question is empty")
+        raise ConfigError("the question is empty")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:  # bytes that were not UTF-8, kept by Python as surrogate escapes
-        raise ValueError(f"the question {text!r} is not valid UTF-8 text; give it in UTF-8") from None
+        raise ConfigError(f"the question {text!r} is not valid UTF-8 text; give it in UTF-8") from None
     q = Question(id=qid, text=text.strip(), golden_answers=("",), data_source="ask")
     trajs, _ = run_rollouts([q], StreamingBackend(backend, tokenizer, out), tokenizer, fmt,
                             StreamingRetriever(retriever, out), rollout_cfg, seed=seed, k=topk, greedy=greedy,

@@ -60,7 +60,9 @@ from sleuth.eval.report import (
     read_finished,
     render_report,
     results_document,
+    row_key,
 )
+from sleuth.eval.sampled import sampled_figures, sampled_lines
 from sleuth.output import output_dir, print_json_line
 
 
@@ -89,6 +91,11 @@ def register(sub) -> None:
     p.add_argument("--baseline", default=None, metavar="DIR",
                    help="--out of a finished eval of the same questions (e.g. a --no-search run): report "
                         "EM/F1 beside it with the difference")  # fmt: skip
+    p.add_argument("--samples", type=int, default=1, metavar="N",
+                   help="answer each question N times by sampling: pass@k beside the mean over samples, every "
+                        "sample written with its reward (for sleuth sft --set sft.source=trajectories)")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="sampling temperature with --samples (default 1.0); alone: one sample at it")
     p.add_argument("--json", action="store_true", help="print one JSON summary as the last line")
     p.set_defaults(func=_eval)
     register_ask(sub)
@@ -111,9 +118,19 @@ def eval_setting(args, rollout_cfg, retr: dict) -> dict:
         "corpus": retr["corpus"], "retriever": retr["kind"], "retriever_fingerprint": retr["fingerprint"],
         "topk": None if args.no_search else args.topk, "max_turns": 0 if args.no_search else args.max_turns,
         "data": [str(Path(f).resolve()) for f in args.data], "dtype": args.dtype, "seed": args.seed,
-        "greedy": True, "rollout": {k: getattr(rollout_cfg, k) for k in keep},
+        "greedy": not sampled(args), "rollout": {k: getattr(rollout_cfg, k) for k in keep},
+        **({"samples": args.samples, "temperature": sample_temperature(args)} if sampled(args) else {}),
         **({"backend": args.backend} if getattr(args, "backend", "hf") != "hf" else {}),  # earlier evals: hf
     }  # fmt: skip
+
+
+def sampled(args) -> bool:
+    """Whether the eval samples (``--samples`` > 1 or a ``--temperature``) instead of decoding greedily."""
+    return getattr(args, "samples", 1) > 1 or getattr(args, "temperature", None) is not None
+
+
+def sample_temperature(args) -> float:
+    return 1.0 if args.temperature is None else args.temperature
 
 
 def load_eval_questions(args):
@@ -142,6 +159,11 @@ def _eval(args) -> int:
     resolve_dtype(args, args.out)  # before the setting is recorded (a resumed eval keeps the dtype it ran in)
     if bool(args.judge_url) != bool(args.judge_model):
         raise UserError("--judge-url and --judge-model go together")
+    if args.samples < 1 or (args.temperature is not None and args.temperature <= 0):
+        raise UserError(f"--samples must be >= 1 and --temperature > 0 (got {args.samples}, {args.temperature}); "
+                        "greedy decoding is the default without them")
+    if sampled(args) and args.baseline:
+        raise UserError("--baseline pairs greedy evals question by question; run the sampled eval without it")
     rcfg, fmt = protocol(args)
     questions = load_eval_questions(args)
     retr = describe_retriever(args)
@@ -156,7 +178,9 @@ def _eval(args) -> int:
     check_setting(out, setting)
     traj_path = out / "trajectories.jsonl"
     finished = read_finished(traj_path)
-    todo = [q for q in questions if q.id not in finished]
+    n = args.samples if sampled(args) else 1
+    keys = {q.id: [f"{q.id}#{s}" for s in range(n)] if sampled(args) else [q.id] for q in questions}
+    todo = [q for q in questions if not all(k in finished for k in keys[q.id])]
     print(f"sleuth eval: {len(questions)} questions, {len(questions) - len(todo)} already done in {out}",
           file=sys.stderr)  # fmt: skip
     judge = LLMJudge(args.judge_url, args.judge_model) if args.judge_url else None
@@ -178,12 +202,13 @@ def _eval(args) -> int:
 
         summary_new, new_rows = evaluate(model, tok, todo, fmt, retriever, rcfg, topk=args.topk,
                                          batch_size=args.batch_size, no_search=args.no_search, seed=args.seed,
-                                         backend=backend, judge=judge, on_batch=append, progress=True)  # fmt: skip
+                                         backend=backend, judge=judge, on_batch=append, progress=True,
+                                         samples=n, temperature=sample_temperature(args) if sampled(args) else None)
         if args.backend == "vllm":
             backend.close()
         perf = summary_new.perf
-        finished.update({r["id"]: r for r in new_rows})
-    rows = [finished[q.id] for q in questions]
+        finished.update({row_key(r): r for r in new_rows})
+    rows = [finished[k] for q in questions for k in keys[q.id]]
     if judge is not None:
         missing = [r for r in rows if "judge" not in r]
         if missing:
@@ -192,7 +217,8 @@ def _eval(args) -> int:
     summary.perf = perf
     if baseline is not None and baseline["rows"]:
         baseline["paired"] = paired_comparison(rows, baseline["rows"], seed=args.seed)
-    _write_outputs(args, out, summary, setting, baseline, [q.id for q in questions])
+    figures = sampled_figures(rows, n, sample_temperature(args)) if sampled(args) else None
+    _write_outputs(args, out, summary, setting, baseline, [q.id for q in questions], figures)
     return 0
 
 
@@ -236,14 +262,21 @@ def budget_warnings(summary, share: float = 0.25) -> list[str]:
     return out
 
 
-def _write_outputs(args, out: Path, summary, setting: dict, baseline: dict | None, ids: list[str]) -> None:
+def _write_outputs(args, out: Path, summary, setting: dict, baseline: dict | None, ids: list[str],
+                   sampled_fig: dict | None = None) -> None:
     """``results.json``, ``report.md``, the summary line and (``--json``) the JSON line."""
     published = None if args.no_compare else load_published()
     doc = results_document(summary, setting, published, baseline, question_ids=ids)
+    report = render_report(summary, setting, published, baseline)
+    if sampled_fig is not None:  # the pass@k section after the comparison table
+        doc["sampled"] = sampled_fig
+        head, sep, rest = report.partition("## Setting")
+        report = head + "\n".join(sampled_lines(sampled_fig)) + "\n" + sep + rest
     (out / "results.json").write_text(json.dumps(doc, indent=2))
-    (out / "report.md").write_text(render_report(summary, setting, published, baseline))
+    (out / "report.md").write_text(report)
+    count = f"{len(ids)} questions" + (f" x {sampled_fig['samples']} samples" if sampled_fig else "")
     print(f"EM {summary.em:.3f}  F1 {summary.f1:.3f}  cover-EM {summary.cover_em:.3f}  "
-          f"searches {summary.searches:.2f}  ({summary.n} questions) -> {out / 'report.md'}")
+          f"searches {summary.searches:.2f}  ({count}) -> {out / 'report.md'}")
     for warning in budget_warnings(summary):
         print(f"warning: {warning}", file=sys.stderr)
     if baseline is not None:
@@ -257,6 +290,8 @@ def _write_outputs(args, out: Path, summary, setting: dict, baseline: dict | Non
             "by_source": {src: {k: s[k] for k in ("n", "em", "f1", "cover_em", "searches")}
                           for src, s in summary.by_source.items()},
         }  # fmt: skip
+        if sampled_fig is not None:
+            line["sampled"] = sampled_fig
         if baseline is not None:
             fig = doc["baseline"]["summary"]
             line["baseline"] = {"dir": baseline["dir"], "em": fig["em"], "f1": fig["f1"],

@@ -14,7 +14,7 @@ import hashlib
 import os
 from pathlib import Path
 
-from sleuth.errors import UserError
+from sleuth.errors import ConfigError, UserError
 from sleuth.retrieval.index import META_FILE, read_meta
 from sleuth.rollout.formats import ProtocolFormat, get_format
 
@@ -51,7 +51,7 @@ def add_model_retrieval_args(p: argparse.ArgumentParser) -> None:
 def rollout_config(args):
     """The RolloutConfig of an eval/ask invocation: defaults, the run's own settings, flags, then
     ``--set rollout.*`` (call :func:`resolve_run_defaults` first)."""
-    from sleuth.config_file import ConfigError, load_config  # lazy: pydantic (~0.2 s) at `sleuth --help`
+    from sleuth.config_file import load_config  # lazy: pydantic (~0.2 s) at `sleuth --help`
 
     bad = [s for s in args.set if not s.startswith("rollout.")]
     if bad:
@@ -112,7 +112,7 @@ def open_retriever(args, desc: dict, *, cache: bool = False, cache_dir: str | No
     """The retriever the flags ask for; behind the on-disk cache when ``cache`` and it has a fingerprint.
 
     ``probe``: make one test search first (as ``sleuth train`` does), so a retriever that is down or
-    a mistyped ``--retriever-url`` is a one-line error (a ``ValueError`` naming it and the flag)
+    a mistyped ``--retriever-url`` is a one-line error (a ``ConfigError`` naming it and the flag)
     before any model is loaded, not an eval whose every search failed."""
     from sleuth.build import probe_retriever  # lazy: torch (~2 s) at `sleuth --help`
     from sleuth.config import Config, RetrievalConfig  # lazy: pydantic (~0.2 s) at `sleuth --help`
@@ -156,10 +156,7 @@ def resolve_dtype(args, out=None) -> str:
 
         from sleuth.models import pick_device  # lazy: as above
 
-        try:
-            device = pick_device(args.device)
-        except ValueError as e:
-            raise UserError(str(e)) from None
+        device = pick_device(args.device)  # a bad --device: a ConfigError naming it
         args.dtype = "bfloat16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "float32"
     return args.dtype
 

@@ -149,8 +149,12 @@ def evaluate(
     judge=None,
     on_batch: Callable[[list[dict]], None] | None = None,
     progress: bool = False,
+    samples: int = 1,
+    temperature: float | None = None,
 ) -> tuple[EvalSummary, list[dict]]:
-    """Greedy, one sample per question, ``batch_size`` questions per ``run_rollouts`` call.
+    """Greedy, one sample per question, ``batch_size`` questions per ``run_rollouts`` call; or, with
+    ``samples`` > 1 or a ``temperature``, that many samples a question at that temperature (1.0 by default),
+    each row with its ``sample`` index and its ``reward`` (its exact match; ``sleuth.eval.sampled``).
 
     ``backend`` defaults to ``HFBackend(model, tokenizer)``. ``judge`` (an ``LLMJudge``) adds a
     ``judge`` verdict per row. ``on_batch(rows)`` is called after each batch (the CLI appends them
@@ -169,16 +173,22 @@ def evaluate(
         fmt = fmt if isinstance(fmt, NoSearchFormat) else NoSearchFormat(fmt)
         rollout_cfg = dataclasses.replace(rollout_cfg, max_turns=0)
         retriever = NoRetriever()
+    sampled = samples > 1 or temperature is not None
+    if sampled:
+        rollout_cfg = dataclasses.replace(rollout_cfg, temperature=1.0 if temperature is None else temperature)
     rows: list[dict] = []
     perf = EvalPerf()
     t0 = time.perf_counter()
     for start in range(0, len(questions), batch_size):
         batch = questions[start : start + batch_size]
         trajs, metrics = run_rollouts(batch, backend, tokenizer, fmt, retriever, rollout_cfg, seed=seed, step=0,
-                                      k=topk, greedy=True, group_size=1)  # fmt: skip
+                                      k=topk, greedy=not sampled, group_size=samples)  # fmt: skip
         perf.generate_s += metrics["rollout/time_generate_s"]
         perf.retrieve_s += metrics["rollout/time_retrieve_s"]
         new = [trajectory_row(t) for t in trajs]
+        if sampled:
+            for t, row in zip(trajs, new):
+                row["sample"], row["reward"] = t.sample_index, row["em"]
         if judge is not None:
             judge.judge_rows(new)
         rows += new
@@ -186,11 +196,12 @@ def evaluate(
             on_batch(new)
         if progress:
             em = sum(r["em"] for r in rows) / len(rows)
-            rate = len(rows) / (time.perf_counter() - t0)
-            print(f"eval: {len(rows)}/{len(questions)} questions, EM {em:.3f}, {rate:.2f} q/s",
+            done = len(rows) // max(samples, 1)
+            rate = done / (time.perf_counter() - t0)
+            print(f"eval: {done}/{len(questions)} questions, EM {em:.3f}, {rate:.2f} q/s",
                   file=sys.stderr, flush=True)  # fmt: skip
     perf.seconds = time.perf_counter() - t0
-    perf.questions_per_s = len(rows) / perf.seconds if perf.seconds > 0 else 0.0
+    perf.questions_per_s = len(rows) / max(samples, 1) / perf.seconds if perf.seconds > 0 else 0.0
     summary = summarize(rows)
     summary.perf = perf
     return summary, rows

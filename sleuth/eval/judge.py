@@ -18,6 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
+from sleuth.errors import ConfigError, ServiceError
+
 KEY_ENVS = ("SLEUTH_JUDGE_API_KEY", "OPENAI_API_KEY")
 
 JUDGE_SYSTEM = "You grade answers to trivia questions. Reply with exactly one word: yes or no."
@@ -30,7 +32,7 @@ JUDGE_TEMPLATE = (
 _VERDICT = re.compile(r"\b(yes|no|correct|incorrect)\b", re.IGNORECASE)
 
 
-class JudgeError(RuntimeError):
+class JudgeError(ServiceError):
     """The judge endpoint failed or answered something that is not a verdict."""
 
 
@@ -54,7 +56,7 @@ class LLMJudge:
     def __init__(self, url: str, model: str, *, api_key: str | None = None, timeout_s: float = 30.0,
                  retries: int = 1, max_workers: int = 4):  # fmt: skip
         if not url.startswith(("http://", "https://")):
-            raise ValueError(f"--judge-url must be an http(s) URL, got {url!r}")
+            raise ConfigError(f"--judge-url must be an http(s) URL, got {url!r}")
         self.url, self.model = chat_url(url), model
         if api_key is None:
             api_key = next((os.environ[k] for k in KEY_ENVS if os.environ.get(k)), None)

@@ -188,7 +188,7 @@ def is_finished(row: dict) -> bool:
 
 
 def read_finished(path: Path) -> dict[str, dict]:
-    """Finished rows (:func:`is_finished`) already in ``trajectories.jsonl`` by question id; rows
+    """Finished rows (:func:`is_finished`) already in ``trajectories.jsonl`` by :func:`row_key`; rows
     with failed searches (stored by earlier versions) are left for the rerun to retry. Only the
     last line can be cut by a kill (it then lacks its newline): it is dropped, or completed with its
     newline when it parses, and the file rewritten. A bad line elsewhere is an error naming it."""
@@ -203,7 +203,7 @@ def read_finished(path: Path) -> dict[str, dict]:
             if row is None:
                 raise UserError(f"{path}:{n}: not a trajectory row; fix or delete the file to start over")
             if is_finished(row):
-                rows[row["id"]] = row
+                rows[row_key(row)] = row
     if tail.strip():
         row = _parse_row(tail)
         kept = [x for x in lines if x.strip()]
@@ -211,10 +211,15 @@ def read_finished(path: Path) -> dict[str, dict]:
             print(f"sleuth eval: dropping the half-written last line {len(lines) + 1} of {path}", file=sys.stderr)
         else:
             if is_finished(row):
-                rows[row["id"]] = row
+                rows[row_key(row)] = row
             kept.append(tail)
         path.write_text("".join(x + "\n" for x in kept), encoding="utf-8")
     return rows
+
+
+def row_key(row: dict) -> str:
+    """A row's key in ``trajectories.jsonl``: its question id, and ``#sample`` for a sampled eval's rows."""
+    return row["id"] if "sample" not in row else f"{row['id']}#{row['sample']}"
 
 
 def _parse_row(line: str) -> dict | None:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Protocol, runtime_checkable
 
+from sleuth.errors import DataError, ServiceError
 from sleuth.types import Passage
 
 
-class RetrievalError(RuntimeError):
+class RetrievalError(ServiceError):
     """A search could not be served (server down, timeout, bad response). The rollout turns it
     into an observation saying the search failed, counts it, and goes on."""
 
@@ -24,7 +25,7 @@ class Retriever(Protocol):
         ...
 
 
-class IndexFileError(ValueError):
+class IndexFileError(DataError):
     """A file of a built index is missing or corrupt. ``load_index`` names the index directory
     and adds the command that rebuilds it."""
 

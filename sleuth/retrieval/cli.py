@@ -102,8 +102,6 @@ def register(sub) -> None:
 
 
 def _build(args: argparse.Namespace) -> int:
-    from sleuth.retrieval.corpus import CorpusError  # lazy: sleuth --help start-up (pyarrow)
-
     shard = parse_shard(args.shard) if args.shard else None
     out = output_dir(args.out)
     try:
@@ -113,11 +111,7 @@ def _build(args: argparse.Namespace) -> int:
             skip_bad=args.skip_bad, overwrite=args.overwrite, batch_size=args.batch_size,
             device=args.device, show_progress=True, query_prefix=args.query_prefix,
             passage_prefix=args.passage_prefix, shard=shard, encode_dtype=args.encode_dtype)
-    except (CorpusError, FileExistsError) as e:
-        raise UserError(str(e)) from None
-    except ValueError as e:
-        if shard is None:
-            raise
+    except FileExistsError as e:  # an index already there: the message says --overwrite
         raise UserError(str(e)) from None
     if shard is not None:
         d = meta["dense"]
@@ -148,7 +142,6 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _import(args: argparse.Namespace) -> int:
-    from sleuth.retrieval.corpus import CorpusError  # lazy: sleuth --help start-up (pyarrow)
     from sleuth.retrieval.faiss_import import import_faiss  # lazy: faiss, sentence-transformers
 
     out = output_dir(args.out)
@@ -156,7 +149,7 @@ def _import(args: argparse.Namespace) -> int:
         meta = import_faiss(args.faiss, args.corpus, args.encoder, out, query_prefix=args.query_prefix,
                             passage_prefix=args.passage_prefix, overwrite=args.overwrite, skip_bad=args.skip_bad,
                             device=args.device, show_progress=True)  # fmt: skip
-    except (CorpusError, FileExistsError, FileNotFoundError, ValueError) as e:
+    except FileExistsError as e:  # input errors (CorpusError, FaissImportError) are SleuthErrors already
         raise UserError(str(e)) from None
     print(f"imported {meta['faiss_index_type']} index of {meta['n_passages']} passages into {args.out} "
           f"(linked to {meta['imported_from']}); encoder {meta['encoder']}: query prefix {meta['query_prefix']!r}, "

@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from sleuth.errors import ConfigError
 from sleuth.retrieval.base import RetrievalError
 from sleuth.retrieval.retry import send_with_retries
 from sleuth.types import Passage
@@ -73,7 +74,7 @@ def retrieve_url(url: str) -> str:
     """Normalise a server address: ``http://host:port`` or ``…/retrieve`` -> ``…/retrieve``."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ValueError(f"retrieval URL {url!r} must look like http://127.0.0.1:8000/retrieve")
+        raise ConfigError(f"retrieval URL {url!r} must look like http://127.0.0.1:8000/retrieve")
     url = url.rstrip("/")
     return url if parts.path.rstrip("/").endswith("/retrieve") else url + "/retrieve"
 
@@ -183,7 +184,7 @@ class RemoteRetriever:
     def from_config(cls, cfg) -> "RemoteRetriever":
         """From a ``RetrievalConfig`` (kind=url); the token comes from ``$SLEUTH_RETRIEVAL_TOKEN``."""
         if not cfg.url:
-            raise ValueError("retrieval.url is not set: pass --set retrieval.url=http://127.0.0.1:8000/retrieve")
+            raise ConfigError("retrieval.url is not set: pass --set retrieval.url=http://127.0.0.1:8000/retrieve")
         return cls(cfg.url, token=env_token(), timeout_s=cfg.timeout_s,
                    retries=cfg.retries, cache_size=cfg.cache_size, retry_for_s=cfg.retry_for_s)
 

@@ -28,6 +28,7 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 
+from sleuth.errors import DataError
 from sleuth.retrieval.base import IndexFileError, index_file_error
 from sleuth.types import Passage
 
@@ -44,7 +45,7 @@ _BINARY_MAGIC = {b"PAR1": "a Parquet file", b"ARROW1": "an Arrow file", b"\x1f\x
                  b"PK\x03\x04": "a zip file", b"SQLite format 3": "a SQLite database"}
 
 
-class CorpusError(ValueError):
+class CorpusError(DataError):
     """A corpus file or store is malformed; the message names the file (and line)."""
 
 

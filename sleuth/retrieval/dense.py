@@ -30,6 +30,7 @@ import numpy as np
 # faiss is imported lazily, inside the functions that use it: this module is also imported where
 # faiss may be absent (describe_prefixes' isinstance check for BM25 indexes, default_search_params;
 # the tests treat faiss as optional).
+from sleuth.errors import ConfigError
 from sleuth.retrieval.base import IndexFileError, index_file_error
 from sleuth.retrieval.bm25 import check_k
 from sleuth.retrieval.corpus import CorpusStore
@@ -74,19 +75,19 @@ def _faiss_reason(e: RuntimeError) -> str:
 
 
 def new_faiss_index(dim: int, factory: str):
-    """An empty, untrained inner-product index for ``factory`` (a ValueError when it is not valid)."""
+    """An empty, untrained inner-product index for ``factory`` (a ConfigError when it is not valid)."""
     import faiss
 
     try:
         index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
     except RuntimeError as e:
-        raise ValueError(f"faiss factory string {factory!r} is not valid (--faiss): {_faiss_reason(e)}") from None
+        raise ConfigError(f"faiss factory string {factory!r} is not valid (--faiss): {_faiss_reason(e)}") from None
     disable_polysemous_training(index)
     return index
 
 
 def set_search_params(index, params: str, factory: str) -> None:
-    """Apply a faiss ParameterSpace string (``nprobe=32``); a ValueError naming the flag and value."""
+    """Apply a faiss ParameterSpace string (``nprobe=32``); a ConfigError naming the flag and value."""
     import faiss
 
     if not params:
@@ -94,7 +95,7 @@ def set_search_params(index, params: str, factory: str) -> None:
     try:
         faiss.ParameterSpace().set_index_parameters(index, params)
     except RuntimeError as e:
-        raise ValueError(
+        raise ConfigError(
             f"--faiss-search-params {params!r} does not fit a {factory!r} index ({_faiss_reason(e)}); "
             "give name=number pairs that the index has, e.g. nprobe=32 for IVF, efSearch=128 for HNSW, "
             "or none for Flat") from None
@@ -107,8 +108,8 @@ def make_faiss_index(dim: int, factory: str, sample_fn, n: int):
         try:
             train_for_inner_product(index, sample_fn(min(n, 256 * 1024)))
         except RuntimeError as e:
-            raise ValueError(f"faiss index {factory!r} cannot be trained on {n} passages "
-                             f"({str(e).splitlines()[-1].strip()}); use a smaller IVF/PQ size or Flat") from None
+            raise ConfigError(f"faiss index {factory!r} cannot be trained on {n} passages "
+                              f"({str(e).splitlines()[-1].strip()}); use a smaller IVF/PQ size or Flat") from None
     return index
 
 
@@ -292,7 +293,7 @@ class DenseRetriever:
         if search_devices:  # opt-in (sleuth serve --search-devices): the vectors then live in those devices' memory
             from sleuth.retrieval.torch_flat import TorchFlatSearch  # lazy: torch, only for GPU search
 
-            self.searcher = TorchFlatSearch(self.index, search_devices)  # Flat, SQ, PQ (after PCA/OPQ): else ValueError
+            self.searcher = TorchFlatSearch(self.index, search_devices)  # Flat, SQ, PQ (+ PCA/OPQ); else ConfigError
 
     def search_rows(self, queries: list[str], k: int) -> list[tuple[np.ndarray, np.ndarray]]:
         """``(rows_K, scores_K)`` per query, best first (cosine similarity)."""

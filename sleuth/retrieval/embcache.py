@@ -21,6 +21,7 @@ from typing import Iterator
 
 import numpy as np
 
+from sleuth.errors import ConfigError
 from sleuth.retrieval.corpus import CorpusStore, progress_bar
 
 CHUNK_ROWS = 4096
@@ -70,7 +71,7 @@ def encode_corpus(store: CorpusStore, model, cache_root: Path, passage_prefix: s
     the default ``(0, 1)`` finds them all cached and encodes nothing."""
     i_shard, n_shards = shard
     if not 0 <= i_shard < n_shards:
-        raise ValueError(f"shard {i_shard}/{n_shards}: need 0 <= i < N")
+        raise ConfigError(f"shard {i_shard}/{n_shards}: need 0 <= i < N")
     chunk_rows = chunk_rows or CHUNK_ROWS
     n = len(store)
     directory = Path(cache_root) / cache_key(encoder_id, passage_prefix, store.fingerprint(), n)

@@ -8,6 +8,7 @@ import functools
 import numpy as np
 
 from sleuth.device import check_device
+from sleuth.errors import ConfigError, ModelError
 
 DEFAULT_ENCODER = "sentence-transformers/all-MiniLM-L6-v2"
 
@@ -44,7 +45,7 @@ def load_encoder(name: str, device: str | None = None, dtype: str = "float32"):
     try:
         model = SentenceTransformer(resolve_encoder(name), device=device)
     except (OSError, ValueError) as e:
-        raise ValueError(f"cannot load encoder {name!r} ({e}); pass a local directory or a hub name "
+        raise ModelError(f"cannot load encoder {name!r} ({e}); pass a local directory or a hub name "
                          "that is cached (HF_HUB_OFFLINE=1 machines cannot download)") from e
     return model if dtype == "float32" else model.to(getattr(torch, dtype))
 
@@ -55,7 +56,7 @@ def resolve_encode_dtype(dtype: str | None, device_type: str) -> str:
     or nothing from half precision)."""
     dtype = dtype or "auto"
     if dtype not in ENCODE_DTYPES:
-        raise ValueError(f"--encode-dtype must be one of {list(ENCODE_DTYPES)}, got {dtype!r}")
+        raise ConfigError(f"--encode-dtype must be one of {list(ENCODE_DTYPES)}, got {dtype!r}")
     if dtype == "auto":
         return "float16" if device_type == "cuda" else "float32"
     return dtype

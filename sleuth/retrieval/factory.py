@@ -9,6 +9,7 @@ import uuid
 from pathlib import Path
 
 from sleuth.config import RetrievalConfig
+from sleuth.errors import ConfigError
 from sleuth.retrieval.base import Retriever
 from sleuth.retrieval.client import RemoteRetriever
 from sleuth.retrieval.corpus import parse_row
@@ -75,11 +76,11 @@ def build_retriever(cfg: RetrievalConfig, *, show_progress: bool = False) -> Ret
     use_url = cfg.kind == "url" or (cfg.url and not cfg.index_dir)
     prefixes = {"query_prefix": cfg.query_prefix, "passage_prefix": cfg.passage_prefix}
     if (use_url or not cfg.index_dir) and any(v is not None for v in prefixes.values()):
-        raise ValueError("retrieval.query_prefix/passage_prefix apply to a dense retrieval.index_dir; a url "
-                         "server uses its own index's prefixes and a corpus is indexed with BM25: unset them")
+        raise ConfigError("retrieval.query_prefix/passage_prefix apply to a dense retrieval.index_dir; a url "
+                          "server uses its own index's prefixes and a corpus is indexed with BM25: unset them")
     if use_url:
         if not cfg.url:
-            raise ValueError("retrieval.kind=url needs retrieval.url (e.g. http://127.0.0.1:8000/retrieve)")
+            raise ConfigError("retrieval.kind=url needs retrieval.url (e.g. http://127.0.0.1:8000/retrieve)")
         return RemoteRetriever.from_config(cfg)  # bearer token from $SLEUTH_RETRIEVAL_TOKEN
     if cfg.index_dir:
         kind = cfg.kind if cfg.kind in ("bm25", "dense") else None
@@ -88,4 +89,4 @@ def build_retriever(cfg: RetrievalConfig, *, show_progress: bool = False) -> Ret
         if cfg.kind == "memory":
             return InMemoryRetriever(read_passages(cfg.corpus))
         return bm25_for_corpus(cfg.corpus, show_progress=show_progress)
-    raise ValueError("no retriever configured: set retrieval.url, retrieval.index_dir or retrieval.corpus")
+    raise ConfigError("no retriever configured: set retrieval.url, retrieval.index_dir or retrieval.corpus")

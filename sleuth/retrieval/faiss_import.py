@@ -19,6 +19,7 @@ import os
 import time
 from pathlib import Path
 
+from sleuth.errors import DataError
 from sleuth.version import __version__
 from sleuth.retrieval.corpus import ingest_jsonl
 from sleuth.retrieval.dense import FLAT_TYPES, INDEX_FILE, PARAMS_FILE, read_mapped
@@ -26,8 +27,8 @@ from sleuth.retrieval.encoder import encode_queries, load_encoder
 from sleuth.retrieval.index import FORMAT_VERSION, META_FILE, REPLACED_PARTS, prepare_out
 from sleuth.retrieval.prefixes import choose_prefixes
 
-class FaissImportError(ValueError):
-    """An import whose inputs do not fit together (a ``ValueError``: the CLI prints it as an input error)."""
+class FaissImportError(DataError):
+    """An import whose inputs do not fit together (a ``DataError``: the CLI prints it as an input error)."""
 
 
 def read_header(path: Path):

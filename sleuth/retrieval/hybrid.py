@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from sleuth.retrieval.base import IndexFileError
 from sleuth.retrieval.bm25 import check_k
 from sleuth.types import Passage
 
@@ -38,7 +39,7 @@ class HybridRetriever:
 
     def __init__(self, bm25, dense, *, rrf_k: int = RRF_K, fetch_k: int = 50):
         if bm25.store is not dense.store and len(bm25.store) != len(dense.store):
-            raise ValueError("hybrid retrieval needs BM25 and dense indexes over the same corpus")
+            raise IndexFileError("hybrid retrieval needs BM25 and dense indexes over the same corpus")
         self.bm25, self.dense, self.store = bm25, dense, bm25.store
         self.rrf_k, self.fetch_k = rrf_k, fetch_k
 

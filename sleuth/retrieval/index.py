@@ -25,6 +25,7 @@ import shutil
 import time
 from pathlib import Path
 
+from sleuth.errors import ConfigError
 from sleuth.version import __version__
 from sleuth.device import check_device
 from sleuth.retrieval.encoder import resolve_encode_dtype
@@ -131,12 +132,12 @@ def build_index(
     from sleuth.retrieval.dense import build_dense  # lazy: sleuth --help start-up
 
     if kind not in KINDS:
-        raise ValueError(f"index kind must be one of {KINDS}, got {kind!r}")
+        raise ConfigError(f"index kind must be one of {KINDS}, got {kind!r}")
     if kind == "bm25" and (query_prefix is not None or passage_prefix is not None):
-        raise ValueError("--query-prefix/--passage-prefix apply to dense and hybrid indexes, not bm25")
+        raise ConfigError("--query-prefix/--passage-prefix apply to dense and hybrid indexes, not bm25")
     if shard is not None and (kind != "dense" or cache_dir is None):
-        raise ValueError("--shard applies to --kind dense with a --cache-dir that every shard shares "
-                         "(the index is built by a last run without --shard)")
+        raise ConfigError("--shard applies to --kind dense with a --cache-dir that every shard shares "
+                          "(the index is built by a last run without --shard)")
     if kind != "bm25":
         check_device(device)  # before the ingest, not after it
         resolve_encode_dtype(encode_dtype, "cpu")  # the same: a bad name fails now
@@ -184,9 +185,9 @@ def read_meta(index_dir: str | Path) -> dict:
     try:
         meta = json.loads(path.read_text())
     except json.JSONDecodeError as e:
-        raise ValueError(f"{path} is not valid JSON ({e}); rebuild the index") from None
+        raise IndexFileError(f"{path} is not valid JSON ({e}); rebuild the index") from None
     if meta.get("kind") not in KINDS:
-        raise ValueError(f"{path}: unknown index kind {meta.get('kind')!r} (expected one of {KINDS})")
+        raise IndexFileError(f"{path}: unknown index kind {meta.get('kind')!r} (expected one of {KINDS})")
     return meta
 
 
@@ -210,10 +211,10 @@ def load_index(index_dir: str | Path, *, kind: str | None = None, device: str | 
     built = meta["kind"]
     kind = kind or built
     if kind not in KINDS or (built != "hybrid" and kind != built):
-        raise ValueError(f"index {index_dir} was built as {built!r}; cannot open it as {kind!r}")
+        raise ConfigError(f"index {index_dir} was built as {built!r}; cannot open it as {kind!r}")
     if kind == "bm25" and (query_prefix is not None or passage_prefix is not None):
-        raise ValueError(f"index {index_dir} is opened as bm25: a query/passage prefix "
-                         "(--query-prefix, --passage-prefix, retrieval.*_prefix) applies to dense indexes only")
+        raise ConfigError(f"index {index_dir} is opened as bm25: a query/passage prefix "
+                          "(--query-prefix, --passage-prefix, retrieval.*_prefix) applies to dense indexes only")
     if kind != "bm25":
         check_device(device)  # before the corpus store and the index files are read
     try:

@@ -15,6 +15,7 @@ import json
 import warnings
 from pathlib import Path
 
+from sleuth.errors import ConfigError
 from sleuth.retrieval.encoder import resolve_encoder
 
 BGE_EN_INSTRUCTION = "Represent this sentence for searching relevant passages: "
@@ -106,7 +107,7 @@ def search_query_prefix(params: dict, query_prefix: str | None, passage_prefix: 
     the passages are already encoded with theirs."""
     built_q, built_p = params["query_prefix"], params.get("passage_prefix", "")
     if passage_prefix is not None and passage_prefix != built_p:
-        raise ValueError(
+        raise ConfigError(
             f"index {where} was built with passage prefix {built_p!r}, not {passage_prefix!r} "
             "(--passage-prefix / retrieval.passage_prefix); its passages are encoded with it: drop "
             f"the override, or rebuild the index with --passage-prefix {passage_prefix!r}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from sleuth.device import check_device
+from sleuth.errors import ConfigError, ModelError
 from sleuth.retrieval.bm25 import check_k
 from sleuth.retrieval.corpus import index_text
 from sleuth.types import Passage
@@ -24,7 +25,7 @@ def load_cross_encoder(name_or_path: str, device: str | None = None, max_length:
     try:
         return CrossEncoder(name_or_path, device=device, max_length=max_length)
     except (OSError, ValueError) as e:
-        raise ValueError(f"cannot load cross-encoder {name_or_path!r} ({e}); pass a local directory "
+        raise ModelError(f"cannot load cross-encoder {name_or_path!r} ({e}); pass a local directory "
                          "or a cached hub name") from e
 
 
@@ -33,7 +34,7 @@ class CrossEncoderReranker:
 
     def __init__(self, base, model, *, top_n: int = 20, batch_size: int = 32, device: str | None = None):
         if not isinstance(top_n, int) or isinstance(top_n, bool) or top_n < 1:
-            raise ValueError(f"rerank top_n (--rerank-top-n) must be an integer >= 1, got {top_n!r}")
+            raise ConfigError(f"rerank top_n (--rerank-top-n) must be an integer >= 1, got {top_n!r}")
         self.base = base
         self.model = load_cross_encoder(model, device) if isinstance(model, str) else model
         self.top_n, self.batch_size = top_n, batch_size

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from starlette.concurrency import run_in_threadpool
 
+from sleuth.errors import ConfigError
 from sleuth.retrieval.base import Retriever
 from sleuth.retrieval.result_cache import ResultCache
 from sleuth.types import Passage
@@ -51,17 +52,18 @@ class ServerLimits:
         for name in ("max_queries", "max_query_chars", "max_topk", "max_body_bytes", "max_batch_queries",
                      "batch_workers"):
             if getattr(self, name) < 1:
-                raise ValueError(f"server limit {name} must be >= 1, got {getattr(self, name)}")
+                raise ConfigError(f"server limit {name} must be >= 1, got {getattr(self, name)}")
         if not 1 <= self.default_topk <= self.max_topk:
-            raise ValueError(f"default topk {self.default_topk} must be between 1 and max_topk={self.max_topk}")
+            raise ConfigError(f"default topk {self.default_topk} must be between 1 and max_topk={self.max_topk}")
         if self.cache_size < 0:
-            raise ValueError(f"cache_size must be >= 0, got {self.cache_size}")
+            raise ConfigError(f"cache_size must be >= 0, got {self.cache_size}")
         if self.cache_bytes < 0:
-            raise ValueError(f"cache_bytes (--cache-mb) must be >= 0, got {self.cache_bytes}")
+            raise ConfigError(f"cache_bytes (--cache-mb) must be >= 0, got {self.cache_bytes}")
         if not self.body_timeout_s > 0:
-            raise ValueError(f"body_timeout_s (--body-timeout) must be > 0 seconds, got {self.body_timeout_s}")
+            raise ConfigError(f"body_timeout_s (--body-timeout) must be > 0 seconds, got {self.body_timeout_s}")
         if not self.request_timeout_s > 0:
-            raise ValueError(f"request_timeout_s (--request-timeout) must be > 0 seconds, got {self.request_timeout_s}")
+            raise ConfigError(f"request_timeout_s (--request-timeout) must be > 0 seconds, "
+                              f"got {self.request_timeout_s}")
 
 
 

@@ -116,7 +116,7 @@ def _load_retriever(args, tmp_dir: str):
     try:
         return load_index(args.index, kind=args.kind, device=args.device, query_prefix=args.query_prefix,
                           passage_prefix=args.passage_prefix, search_devices=devices)
-    except ValueError as e:
+    except UserError as e:  # an input error (a SleuthError) with --search-devices: name the flag too
         if devices is None:
             raise
         raise UserError(f"--search-devices {args.search_devices}: {e}") from None

@@ -22,12 +22,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from sleuth.errors import ConfigError
+
 SCAN_TYPES = ("IndexFlatIP", "IndexFlatL2", "IndexFlat", "IndexScalarQuantizer", "IndexPQ")  # every vector scored, by its decoding
 
 
 def scan_parts(index) -> tuple[object, list]:
     """``(codec, transforms)``: the index that holds the vectors and the transforms a query goes
-    through first; ``ValueError`` naming the index type where it is not searched by a full scan with
+    through first; ``ConfigError`` naming the index type where it is not searched by a full scan with
     inner product."""
     import faiss
 
@@ -38,11 +40,12 @@ def scan_parts(index) -> tuple[object, list]:
         index = faiss.downcast_index(index.index)
     kind = type(index).__name__
     if kind not in SCAN_TYPES:
-        raise ValueError(f"the index is a {kind}, which is not searched by a scan over every vector; torch searches "
-                         f"Flat, SQ and PQ indexes (with or without a PCA/OPQ transform); faiss searches the others on the CPU")
+        raise ConfigError(f"the index is a {kind}, which is not searched by a scan over every vector; torch searches "
+                          "Flat, SQ and PQ indexes (with or without a PCA/OPQ transform); faiss searches the others "
+                          "on the CPU")
     if index.metric_type != faiss.METRIC_INNER_PRODUCT:
-        raise ValueError(f"the {kind} index does not use inner product (metric {index.metric_type}); "
-                         "Sleuth's dense indexes do: rebuild it with `sleuth index build --kind dense`")
+        raise ConfigError(f"the {kind} index does not use inner product (metric {index.metric_type}); "
+                          "Sleuth's dense indexes do: rebuild it with `sleuth index build --kind dense`")
     return index, transforms
 
 
@@ -52,7 +55,7 @@ class TorchFlatSearch:
     def __init__(self, index, devices: list[str | torch.device], dtype: torch.dtype = torch.float16,
                  rows_per_copy: int = 1 << 18, query_batch: int = 256, rows_per_block: int = 1 << 20):  # fmt: skip
         if not devices:
-            raise ValueError("TorchFlatSearch needs at least one device")
+            raise ConfigError("TorchFlatSearch needs at least one device")
         self._index = index  # the transforms below point into it: it must outlive them
         codec, self.transforms = scan_parts(index)
         self.rows_per_block = rows_per_block  # scores of a query batch against this many rows at a time

@@ -32,6 +32,7 @@ from typing import Any
 
 import httpx
 
+from sleuth.errors import ConfigError
 from sleuth.retrieval.base import RetrievalError
 from sleuth.retrieval.retry import send_with_retries
 from sleuth.types import Passage
@@ -39,7 +40,7 @@ from sleuth.types import Passage
 _TAG = re.compile(r"<[^>]+>")
 
 
-class MissingAPIKeyError(ValueError):
+class MissingAPIKeyError(ConfigError):
     """The adapter's API key is neither passed nor in its environment variable."""
 
 
@@ -192,5 +193,5 @@ def make_web_retriever(provider: str, **kwargs: Any) -> WebSearchRetriever:
     try:
         cls = PROVIDERS[provider.lower()]
     except KeyError:
-        raise ValueError(f"unknown web search provider {provider!r}; choose one of {sorted(PROVIDERS)}") from None
+        raise ConfigError(f"unknown web search provider {provider!r}; choose one of {sorted(PROVIDERS)}") from None
     return cls(**kwargs)

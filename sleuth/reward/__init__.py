@@ -20,6 +20,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING
 
+from sleuth.errors import ConfigError
 from sleuth.reward import r1_searcher, search_r1
 from sleuth.reward.metrics import (
     AnswerScores,
@@ -63,7 +64,7 @@ def build_reward(cfg: "RewardConfig") -> RewardFn:
         "r1_searcher_stage2": r1_searcher.stage2_reward,
     }
     if cfg.kind not in kinds:
-        raise ValueError(f"unknown reward.kind {cfg.kind!r}; choose one of {list(REWARD_KINDS)}")
+        raise ConfigError(f"unknown reward.kind {cfg.kind!r}; choose one of {list(REWARD_KINDS)}")
     return kinds[cfg.kind]
 
 

@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sleuth.errors import DataError
 from sleuth.reward.metrics import score_prediction
 from sleuth.reward.tags import extract_answer
 
 
-class BadRowError(ValueError):
+class BadRowError(DataError):
     """A row of an input file cannot be scored; the message names file, line and field."""
 
 

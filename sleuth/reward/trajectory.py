@@ -25,10 +25,12 @@ def answer_scores(traj: Trajectory) -> AnswerScores:
     return score_prediction(traj.answer, traj.question.golden_answers)
 
 
-def assign_rewards(trajs: Sequence[Trajectory], reward_fn: Callable[[str, Golds], float]) -> list[float]:
-    """``reward_fn(response_text, golden_answers)`` of each trajectory, stored in ``traj.reward``
-    and returned (in the order of ``trajs``)."""
-    rewards = [float(reward_fn(t.response_text, t.question.golden_answers)) for t in trajs]
+def assign_rewards(trajs: Sequence[Trajectory], reward_fn: Callable[[str, Golds], float], *,
+                   search_cost: float = 0.0) -> list[float]:
+    """``reward_fn(response_text, golden_answers)`` of each trajectory, less ``search_cost`` per search it
+    executed (``reward.search_cost``), stored in ``traj.reward`` and returned (in the order of ``trajs``)."""
+    rewards = [float(reward_fn(t.response_text, t.question.golden_answers)) - search_cost * t.num_searches
+               for t in trajs]  # x - 0.0 is x: no cost changes nothing
     for t, r in zip(trajs, rewards):
         t.reward = r
     return rewards

@@ -25,6 +25,7 @@ what the policy saw.
 
 from __future__ import annotations
 
+from sleuth.errors import ModelError
 from sleuth.types import Passage, Question
 
 SENTINEL = "SLEUTHSENTINEL9a7e"
@@ -52,7 +53,7 @@ class ChatRenderer:
             )
         except Exception as e:  # jinja errors: a template without tool support, a bad template
             roles = [m["role"] for m in messages]
-            raise ValueError(
+            raise ModelError(
                 f"the tokenizer's chat template failed on roles {roles}: {e}; use a model whose "
                 "template supports them or set rollout.use_chat_template=false"
             ) from e
@@ -88,7 +89,7 @@ class ChatRenderer:
         ]
         rendered = self._template(messages, add_generation_prompt=True)
         if SENTINEL not in rendered:
-            raise ValueError("the chat template dropped the assistant message; cannot compute the tool delta")
+            raise ModelError("the chat template dropped the assistant message; cannot compute the tool delta")
         delta = rendered.split(SENTINEL, 1)[1] + self.generation_prefix
         if last_token is not None:
             closing = self.tokenizer.decode([last_token], skip_special_tokens=False)

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import torch
 
+from sleuth.errors import ConfigError
 from sleuth.rollout.backends import SamplingParams
 from sleuth.rollout.hf_backend import COMPACT_AT, HFBackend, sample_next
 from sleuth.rollout.hf_cache import KV, assemble, slot_cache
@@ -129,12 +130,12 @@ class StaticHFBackend(HFBackend):
                  width_multiple: int = WIDTH_MULTIPLE):  # fmt: skip
         super().__init__(model, tokenizer, eos_token_ids, reuse_prefix=True)
         if not self.reuse_prefix:
-            raise ValueError(f"rollout.backend=hf_static needs a model whose cache is plain full-attention layers; "
-                             f"{type(model).__name__} has another kind: use rollout.backend=hf")
+            raise ConfigError(f"rollout.backend=hf_static needs a model whose cache is plain full-attention layers; "
+                              f"{type(model).__name__} has another kind: use rollout.backend=hf")
         attn = getattr(model.config, "_attn_implementation", None)
         if attn not in ("sdpa", "eager"):
-            raise ValueError(f"rollout.backend=hf_static runs sdpa or eager attention; this model uses {attn!r}: "
-                             "use rollout.backend=hf")
+            raise ConfigError(f"rollout.backend=hf_static runs sdpa or eager attention; this model uses {attn!r}: "
+                              "use rollout.backend=hf")
         self._float_mask = attn == "eager"  # eager attention adds the mask to its scores
         if sync_every is None:
             sync_every = 8 if self.device.type == "cuda" else 1

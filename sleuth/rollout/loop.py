@@ -48,6 +48,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from sleuth.config import RolloutConfig
+from sleuth.errors import ConfigError, DataError
 from sleuth.rollout.backends import SamplingParams, derive_seed
 from sleuth.rollout.chat import ChatRenderer
 from sleuth.rollout.observation import fit_observation
@@ -144,16 +145,16 @@ def _session(backend):
 
 def _check_inputs(questions: list[Question], G: int, k: int, cfg: RolloutConfig) -> None:
     if G < 1:
-        raise ValueError(f"rollout.group_size must be >= 1, got {G}")
+        raise ConfigError(f"rollout.group_size must be >= 1, got {G}")
     if k < 1:
-        raise ValueError(f"retrieval topk must be >= 1, got {k}")
+        raise ConfigError(f"retrieval topk must be >= 1, got {k}")
     for name in ("max_tokens_per_turn", "max_obs_tokens", "max_context_tokens"):
         if getattr(cfg, name) < 1:
-            raise ValueError(f"rollout.{name} must be >= 1, got {getattr(cfg, name)}")
+            raise ConfigError(f"rollout.{name} must be >= 1, got {getattr(cfg, name)}")
     seen: set[str] = set()
     for i, q in enumerate(questions):
         if q.id in seen:
-            raise ValueError(f"question {i} repeats id {q.id!r}; GRPO groups need unique question ids")
+            raise DataError(f"question {i} repeats id {q.id!r}; GRPO groups need unique question ids")
         seen.add(q.id)
 
 

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from sleuth.errors import UserError
+from sleuth.errors import ConfigError, UserError
 from sleuth.rollout.backends import GenerationResult, SamplingParams, check_prompts, finish_from_server, row_caps
 from sleuth.rollout.hf_backend import eos_ids  # the same eos set as the HF backend
 
@@ -169,7 +169,7 @@ class VLLMBackend:
         import vllm
 
         if not params.is_greedy and params.temperature > MAX_TEMPERATURE:
-            raise ValueError(f"temperature {params.temperature}: vLLM samples at temperatures up to {MAX_TEMPERATURE}")
+            raise ConfigError(f"temperature {params.temperature}: vLLM samples at temperatures up to {MAX_TEMPERATURE}")
 
         return vllm.SamplingParams(
             n=1,

@@ -33,7 +33,7 @@ from sleuth.errors import UserError
 from sleuth.models import compute_autocast
 from sleuth.rollout.chat import ChatRenderer
 from sleuth.sft.synthesize import synthesize
-from sleuth.sft.transcripts import Transcript, encode, load_transcripts, read_transcripts, write_transcripts
+from sleuth.data.transcripts import Transcript, encode, load_transcripts, read_transcripts, write_transcripts
 from sleuth.train.checkpoint import latest_checkpoint
 from sleuth.train.distributed import init_distributed
 from sleuth.train.logging import MetricsLogger, truncate_logs

@@ -9,8 +9,10 @@ of one whose text holds the answer, that the first observation mentions (the bri
 hop looks up) and that does not itself name the answer; if that search's observation holds the
 answer, the transcript has two searches. Everything else is dropped, counted by reason.
 
-Yes/no questions are dropped: no passage can show the answer. The answer written is the gold
-answer as the passage spells it, so the policy learns to copy it from the evidence.
+Yes/no questions (HotpotQA's comparisons) cannot be quoted from a passage: their transcript searches
+with the question, then compares what its first two passages are about and answers (kept without an
+evidence check, counted apart; fewer than two passages: dropped). Other answers are written as the
+passage spells them, so the policy learns to copy them from the evidence.
 """
 
 from __future__ import annotations
@@ -19,9 +21,10 @@ import re
 from collections import Counter
 
 from sleuth.config import Config
+from sleuth.errors import ConfigError
 from sleuth.rollout.chat import ChatRenderer
 from sleuth.rollout.observation import fit_observation
-from sleuth.sft.transcripts import Transcript, encode
+from sleuth.data.transcripts import Transcript, encode
 from sleuth.types import Passage, Question
 
 DEEP_K = 20  # passages a missed question's follow-up is looked for in
@@ -109,13 +112,28 @@ class _Writer:
         if found is None:
             return None, "answer not in the observation"
         doc, snippet, answer = found
+        return self.complete(q, turns, answer, f"Doc {doc} says: {snippet}")
+
+    def finish_yes_no(self, q: Question, turns: list[tuple[str, bool]], observation: str) -> tuple[Transcript | None, str]:
+        """A yes/no question's answer turn: a short comparison of what the passages are about, then the
+        answer (no span to quote: the comparison is the evidence)."""
+        titles = [t.strip().strip('"') for t in re.findall(r"Doc \d+\(Title: (.*?)\)", observation)][:2]
+        if len(titles) < 2:
+            return None, "fewer than two passages to compare"
+        answer = q.golden_answers[0].strip().lower()
+        thought = f"Doc 1 is about {titles[0]} and Doc 2 about {titles[1]}. Comparing them, the answer is {answer}."
+        return self.complete(q, turns, answer, thought)
+
+    def complete(self, q: Question, turns: list[tuple[str, bool]], answer: str,
+                 thought: str) -> tuple[Transcript | None, str]:
+        """The transcript with its answer turn, or None and why (over a budget)."""
         rc = self.cfg.rollout
         searches = sum(1 for _, trained in turns if trained)
         if searches > rc.max_turns:
             return None, "more searches than rollout.max_turns"
         if searches == rc.max_turns and rc.final_nudge:  # the rollout injects it before the final round
             turns = turns + [(rc.final_nudge, False)]
-        turns = turns + [(self.fmt.answer_turn(answer, f"Doc {doc} says: {snippet}"), True)]
+        turns = turns + [(self.fmt.answer_turn(answer, thought), True)]
         t = Transcript(q, turns)
         if any(len(self.render.encode(text)) > rc.max_tokens_per_turn for text, trained in turns if trained):
             return None, "a turn longer than rollout.max_tokens_per_turn"
@@ -129,12 +147,12 @@ def synthesize(questions: list[Question], retriever, fmt, render: ChatRenderer,
     """Transcripts for ``questions`` (see the module docstring) and the counts kept and dropped per
     reason."""
     if not (hasattr(fmt, "search_turn") and hasattr(fmt, "answer_turn")):
-        raise ValueError(f"sft.source=synthesize writes search_r1, search_r1_tiny and tool_call transcripts; "
-                         f"rollout.format={fmt.name} has no search_turn/answer_turn (use sft.source=trajectories)")
+        raise ConfigError(f"sft.source=synthesize writes search_r1, search_r1_tiny and tool_call transcripts; "
+                          f"rollout.format={fmt.name} has no search_turn/answer_turn (use sft.source=trajectories)")
     k, counts, out = cfg.retrieval.topk, Counter(), []
     writer = _Writer(fmt, render, cfg)
-    asked = [q for q in questions if not set(a.strip().lower() for a in q.golden_answers) <= YES_NO]
-    counts["dropped: yes/no answer"] = len(questions) - len(asked)
+    yes_no = {q.id for q in questions if set(a.strip().lower() for a in q.golden_answers) <= YES_NO}
+    asked = list(questions)
     queries = [q.text.strip() for q in asked]
     first = _search(retriever, queries, k)
     missed: list[tuple[Question, list, str]] = []  # (question, its turns so far, the first query)
@@ -144,6 +162,11 @@ def synthesize(questions: list[Question], retriever, fmt, render: ChatRenderer,
             counts["dropped: observation cut mid-token"] += 1
             continue
         turns = [(fmt.search_turn(query, "I need to search for this."), True), (obs, False)]
+        if q.id in yes_no:
+            t, why = writer.finish_yes_no(q, turns, obs)
+            counts["kept: yes/no, one search" if t is not None else f"dropped: yes/no, {why}"] += 1
+            out += [t] if t is not None else []
+            continue
         t, why = writer.finish(q, turns, obs)
         if t is not None:
             counts["kept: one search"] += 1

@@ -35,6 +35,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sleuth.errors import ConfigError
 from sleuth.toy.names import INVENTORY_SIZES, MAX_ENTITIES, name_inventory
 from sleuth.toy.wording import QUESTION_TYPES, RELATIONS, claim_text
 from sleuth.types import Passage, Question
@@ -98,7 +99,7 @@ class _Namer:
     def take(self, kind: str = "stem") -> str:
         pool = self.left[kind]
         if not pool:
-            raise ValueError(f"the name inventory ran out of {kind} names; use n_entities <= {MAX_ENTITIES}")
+            raise ConfigError(f"the name inventory ran out of {kind} names; use n_entities <= {MAX_ENTITIES}")
         name = pool.pop(self.rng.randrange(len(pool)))
         self.used.add(name)
         return name
@@ -113,9 +114,9 @@ def generate_world(seed: int = 0, n_entities: int = 600, test_fraction: float = 
     """
     what = "n_entities (--world-entities, data.world_entities)"
     if n_entities < 20:
-        raise ValueError(f"{what} must be >= 20 for a usable world, got {n_entities}")
+        raise ConfigError(f"{what} must be >= 20 for a usable world, got {n_entities}")
     if n_entities > MAX_ENTITIES:
-        raise ValueError(f"{what} must be <= {MAX_ENTITIES} (the size of the name inventory), got {n_entities}")
+        raise ConfigError(f"{what} must be <= {MAX_ENTITIES} (the size of the name inventory), got {n_entities}")
     if not 1 <= n_countries <= INVENTORY_SIZES["country"]:
         raise ValueError(f"n_countries must be in [1, {INVENTORY_SIZES['country']}], got {n_countries}")
     if not 0.0 < test_fraction < 1.0:

@@ -39,12 +39,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from sleuth.errors import RunDirError
 from sleuth.train import distributed as par
 from sleuth.run_layout import previous_checkpoint
-from sleuth.train.files import fsync_path, fsync_tree, write_text_atomic
+from sleuth.files import fsync_path, fsync_tree, write_text_atomic
 
 
-class CheckpointError(ValueError):
+class CheckpointError(RunDirError):
     """A checkpoint that cannot be used (damaged, missing a file, or holding more than plain data);
     the message names the file and what to do."""
 
@@ -231,7 +232,7 @@ def load_policy_weights(policy, ckpt: Path) -> None:
         state.update(_load_safetensors(ckpt, w))
     missing, unexpected = par.load_model_state(policy, state)
     if unexpected or [m for m in missing if "lm_head" not in m]:
-        raise RuntimeError(f"checkpoint {ckpt} does not match the model: missing {missing}, unexpected {unexpected}")
+        raise CheckpointError(f"checkpoint {ckpt} does not match the model: missing {missing}, unexpected {unexpected}")
     if policy.config.tie_word_embeddings and not par.is_sharded(policy):  # FSDP keeps the tie itself
         policy.tie_weights()
 
@@ -251,7 +252,7 @@ def load_optimizer_state(model, optimizer: torch.optim.Optimizer, state: dict[st
     if by_name:
         par.load_optimizer_state(model, optimizer, state)
     elif par.is_sharded(model):
-        raise ValueError(
+        raise CheckpointError(
             f"checkpoint {where}: its optimizer state was written by a run without train.parallel=fsdp; "
             "resume it with the same train.parallel (or in one process)"
         )

@@ -8,6 +8,7 @@ runs (put the change into the file instead)."""
 
 from __future__ import annotations
 
+from sleuth.errors import ConfigError
 from sleuth.output import print_json_line
 
 
@@ -22,7 +23,7 @@ def _run(args) -> int:
     if args.plan:
         return _print_plan(cfg, args.json)
     if not args.out:
-        raise ValueError("sleuth train: --out DIR is required (the run directory), except with --plan")
+        raise ConfigError("sleuth train: --out DIR is required (the run directory), except with --plan")
     check_config_not_rewritten(args.config, args.out, cfg)
     trainer = None
     try:

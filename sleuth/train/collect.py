@@ -11,6 +11,7 @@ logprob pass is paid for it. :func:`sleuth.train.learn.learn` takes the batch on
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from sleuth.train import distributed as par
 from sleuth.train import reduce
 from sleuth.train.failed_searches import leave_out, retriever_down_error
 from sleuth.train.groups import group_diagnostics
+from sleuth.train.guide import GuideRows
 from sleuth.types import Question, StopReason, Trajectory
 
 CUT = (StopReason.MAX_TOKENS, StopReason.CONTEXT_FULL)  # stopped by a token budget, not by the policy
@@ -42,11 +44,13 @@ class ScoredBatch:
     scores_B: torch.Tensor  # each trajectory's reward
     sampler_logprobs_BT: torch.Tensor  # the sampler's logprob of each sampled token (0 elsewhere)
     metrics: dict[str, float] = field(default_factory=dict)  # rollout/, reward/, groups/, sampling/ figures
+    guide: GuideRows | None = None  # algo.guide_coef: gold transcripts of the groups that all failed
     started: float = 0.0  # perf_counter() when the step began
     rollout_s: float = 0.0
 
 
-def collect(step: int, *, sampler, engine, fmt, retriever, reward_fn, cfg, ctx, peaks, latest_checkpoint) -> ScoredBatch:
+def collect(step: int, *, sampler, engine, fmt, retriever, reward_fn, cfg, ctx, peaks, latest_checkpoint,
+            guide=None) -> ScoredBatch:
     """Step ``step``'s batch: every rank draws the same questions and rolls out its share (a tensor-
     parallel engine's ranks generate their group's together and each keeps its own)."""
     t0, tc = time.perf_counter(), cfg.train
@@ -60,7 +64,8 @@ def collect(step: int, *, sampler, engine, fmt, retriever, reward_fn, cfg, ctx, 
         return trajs, metrics, mine
 
     if tc.dynamic_sampling:
-        trajs, metrics, mine, rewards = _rounds(roll, reward_fn, per_rank, tc.max_sampling_rounds, engine)
+        score = functools.partial(assign_rewards, reward_fn=reward_fn, search_cost=cfg.reward.search_cost)
+        trajs, metrics, mine, rewards = _rounds(roll, score, per_rank, tc.max_sampling_rounds, engine)
     else:
         (trajs, metrics, mine), rewards = roll(), None
     rollout_s = time.perf_counter() - t0
@@ -70,17 +75,18 @@ def collect(step: int, *, sampler, engine, fmt, retriever, reward_fn, cfg, ctx, 
     ids, att, mask = rb.input_ids_BT.to(device), rb.attention_mask_BT.to(device), rb.loss_mask_BT.to(device)
     group_ids, mask = _leave_out_failed_searches(trajs, rb.group_ids, mask, metrics, cfg, step, latest_checkpoint)
     if rewards is None:
-        rewards = assign_rewards(trajs, reward_fn)  # each trajectory's reward, also kept in t.reward
+        rewards = assign_rewards(trajs, reward_fn, search_cost=cfg.reward.search_cost)  # also kept in t.reward
         metrics.update(reward_metrics(trajs, rewards))
         metrics.update(group_diagnostics(trajs, rewards))
     rewards, mask = _overlong(trajs, rewards, mask, tc, metrics)
     turns = sum(t.num_turns for t in trajs)
     metrics["rollout/invalid_rate"] = sum(t.num_invalid for t in trajs) / max(turns, 1)
     return ScoredBatch(trajs, mine, ids, att, mask, group_ids, torch.tensor(rewards, dtype=torch.float32, device=device),
-                       rb.old_logprobs_BT.to(device), metrics, started=t0, rollout_s=rollout_s)
+                       rb.old_logprobs_BT.to(device), metrics, started=t0, rollout_s=rollout_s,
+                       guide=guide.rows_for(trajs) if guide is not None else None)
 
 
-def _rounds(roll, reward_fn, per_rank: int, max_rounds: int, engine):
+def _rounds(roll, score, per_rank: int, max_rounds: int, engine):
     """Dynamic sampling: rounds of rollouts until this rank holds ``per_rank`` groups whose rewards differ
     (every rank runs as many rounds as the rank that needs the most: generation is a collective under FSDP
     and tensor-parallel vLLM). Groups past the target, of a question already held, or without variance are
@@ -96,7 +102,7 @@ def _rounds(roll, reward_fn, per_rank: int, max_rounds: int, engine):
     while True:
         rounds += 1
         trajs, metrics, mine = roll()
-        assign_rewards(trajs, reward_fn)
+        score(trajs)  # rewards into t.reward
         drawn_trajs += trajs
         rounds_metrics.append(metrics)
         mine_all += mine

@@ -34,13 +34,15 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from sleuth.errors import ConfigError
+
 PARALLEL = ("ddp", "fsdp")
 
 
 
 def check_parallel(parallel: str) -> None:
     if parallel not in PARALLEL:
-        raise ValueError(f"train.parallel must be one of {PARALLEL}, got {parallel!r}")
+        raise ConfigError(f"train.parallel must be one of {PARALLEL}, got {parallel!r}")
 
 
 def wrap_for_update(model: torch.nn.Module, *, parallel: str, world_size: int, local_rank: int = 0):

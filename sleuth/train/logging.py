@@ -16,9 +16,10 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from sleuth.errors import RunDirError
 from sleuth.eval.metrics import score_trajectory
 from sleuth.records import SEGMENT_TEXT_LIMIT, prompt_record, segment_records, turn_records
-from sleuth.train.files import fsync_path, write_text_atomic
+from sleuth.files import fsync_path, write_text_atomic
 from sleuth.types import Trajectory
 
 
@@ -68,7 +69,7 @@ def truncate_jsonl(path: Path, step: int) -> bool:
     any moment leaves the old file or the new one, never a part of either. Nothing is rewritten when
     nothing is dropped. A torn last line (a kill or a full disk while it was written) is dropped
     with a warning naming the file; an unreadable line before the last means the file was damaged
-    some other way: a ValueError names the file and the line, and the file is left as it is."""
+    some other way: a RunDirError names the file and the line, and the file is left as it is."""
     if not path.exists():
         return False
     for stale in path.parent.glob(f"{path.name}.tmp-*"):  # left by a rewrite that was killed
@@ -82,7 +83,7 @@ def truncate_jsonl(path: Path, step: int) -> bool:
                     changed = True
                     continue
                 if torn is not None:
-                    raise ValueError(
+                    raise RunDirError(
                         f"{path} line {torn} is not a logged row (not a JSON object with a step); the file was "
                         "damaged: delete that line (keep a copy of the file), then run --resume again")
                 row_step = _step_of(line)

@@ -28,6 +28,7 @@ from sleuth.build import (
 )
 from sleuth.config import Config
 from sleuth.config_file import to_dict, validate
+from sleuth.errors import ConfigError
 from sleuth.eval.evaluate import evaluate
 from sleuth.eval.metrics import EvalPerf, EvalSummary, summarize
 from sleuth.models import compute_autocast
@@ -37,6 +38,7 @@ from sleuth.train.checkpoint import latest_checkpoint
 from sleuth.train.collect import ScoredBatch, collect
 from sleuth.train.distributed import init_distributed
 from sleuth.train.engine import RolloutEngine
+from sleuth.train.guide import make_guide
 from sleuth.train.layout import RowLayout
 from sleuth.train.learn import learn, sampler_logprobs_are_old
 from sleuth.train.logging import MetricsLogger, truncate_logs
@@ -75,9 +77,10 @@ class Trainer:
         self.layout = RowLayout.choose(cfg.train, self.policy, warn=self.ctx.is_main)  # padded, packed or shared
         self._peaks = PhasePeaks(self.state.compute_device, self.memory_plan)  # each step starts its own
         self.fmt, self.retriever, self.reward_fn = build_format(cfg), build_retriever(cfg), build_reward(cfg)
+        self.guide = make_guide(cfg, self.tokenizer, self.fmt)  # algo.guide_coef > 0: gold transcripts by question
         self.sampler = QuestionSampler(train_questions(cfg), seed=cfg.train.seed, shuffle=cfg.data.shuffle)
         if len(self.sampler.questions) < cfg.train.questions_per_step:
-            raise ValueError(f"train.questions_per_step={cfg.train.questions_per_step} but data.train_files hold "
+            raise ConfigError(f"train.questions_per_step={cfg.train.questions_per_step} but data.train_files hold "
                              f"{len(self.sampler.questions)} questions; lower it or add questions")
         if cfg.rollout.max_turns > 0:
             probe_retriever(self.retriever, cfg)
@@ -156,7 +159,7 @@ class Trainer:
         """This step's questions rolled out, scored and as tensors (``sleuth.train.collect``)."""
         return collect(self.step, sampler=self.sampler, engine=self.engine, fmt=self.fmt, retriever=self.retriever,
                        reward_fn=self.reward_fn, cfg=self.cfg, ctx=self.ctx, peaks=self._peaks,
-                       latest_checkpoint=lambda: latest_checkpoint(self.out))
+                       latest_checkpoint=lambda: latest_checkpoint(self.out), guide=self.guide)
 
     def learn(self, batch: ScoredBatch) -> dict:
         """One update on ``batch`` (``sleuth.train.learn``); the step's metrics, this rank's."""

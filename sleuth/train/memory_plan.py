@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 import torch
 
 from sleuth.config import Config
+from sleuth.errors import ConfigError
 from sleuth.models import reference_dtype
 from sleuth.named import model_dir
 
@@ -54,7 +55,7 @@ FREE_SHARE = 0.10  # of the device kept for what the plan does not count
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
-class MemoryPlanError(ValueError):
+class MemoryPlanError(ConfigError):
     """The config's expected peak does not fit the device."""
 
 

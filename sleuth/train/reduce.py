@@ -19,6 +19,7 @@ SUMMED = {
     "perf/sampled_tokens_per_s", "perf/tokens_per_s",
     "rollout/failed_search_trajectories",
     "algo/loss", "algo/value_loss",  # each rank's share is divided by the global token/row count: they add up
+    "guide/loss", "guide/rows",
 }
 
 

@@ -13,7 +13,8 @@ import yaml
 
 from sleuth.config import Config
 from sleuth.config_file import ConfigError, config_yaml, load_config, to_dict
-from sleuth.train.files import write_text_atomic
+from sleuth.errors import RunDirError
+from sleuth.files import write_text_atomic
 
 
 def _same_settings(path: Path, cfg) -> bool:
@@ -61,14 +62,14 @@ def check_run_dir(out: Path, *, resume: bool, overwrite: bool) -> None:
     """Refuse to write a new run over an earlier one: ``--resume`` continues it, ``--overwrite``
     replaces it (its metrics, samples and checkpoints are deleted here)."""
     if out.exists() and not out.is_dir():
-        raise ValueError(f"run directory {out} is a file; give a directory path (--out)")
+        raise RunDirError(f"run directory {out} is a file; give a directory path (--out)")
     logged = [out / "metrics.jsonl", out / "samples.jsonl"]
     earlier = any(p.exists() for p in logged) or any((out / "checkpoints").glob("step_*"))
     if not earlier or resume:
         return
     if not overwrite:
-        raise ValueError(f"{out} already holds a run (metrics.jsonl, checkpoints); --resume continues it, "
-                         "--overwrite replaces it, or give another --out")
+        raise RunDirError(f"{out} already holds a run (metrics.jsonl, checkpoints); --resume continues it, "
+                          "--overwrite replaces it, or give another --out")
     shutil.rmtree(out / "checkpoints", ignore_errors=True)
     for p in logged:
         p.unlink(missing_ok=True)

@@ -6,6 +6,7 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
+from sleuth.errors import DataError
 from sleuth.types import Question
 
 
@@ -21,11 +22,11 @@ class QuestionSampler:
 
     def __init__(self, questions: list[Question], *, seed: int = 0, shuffle: bool = True):
         if not questions:
-            raise ValueError("no training questions: check data.train_files")
+            raise DataError("no training questions: check data.train_files")
         ids = [q.id for q in questions]
         if len(set(ids)) != len(ids):
             dup = next(i for i in ids if ids.count(i) > 1)
-            raise ValueError(f"question id {dup!r} appears more than once; ids must be globally unique")
+            raise DataError(f"question id {dup!r} appears more than once; ids must be globally unique")
         self.questions = list(questions)
         self.seed, self.shuffle = seed, shuffle
         self.epoch, self.pos = 0, 0

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from sleuth.config import Config
+from sleuth.errors import ConfigError
 from sleuth.models import DTYPES, add_lora, load_policy, make_critic, pick_device, reference_dtype
 from sleuth.train import distributed as par
 from sleuth.train.checkpoint import (
@@ -64,7 +65,7 @@ def make_scheduler(optimizer, cfg: Config, *, warmup_steps: int | None = None, s
     warm = cfg.train.warmup_steps if warmup_steps is None else warmup_steps
     total, kind = max(cfg.train.total_steps, 1), schedule or cfg.train.schedule
     if kind not in ("constant", "cosine"):
-        raise ValueError(f"train.schedule must be constant or cosine, got {kind!r}")
+        raise ConfigError(f"train.schedule must be constant or cosine, got {kind!r}")
     shift = 0 if cfg.train.warmup_from_zero else 1
 
     def factor(step: int) -> float:  # step: updates done so far (0 for the first)
@@ -82,20 +83,20 @@ def check_parallel_settings(cfg: Config, ctx: DistContext) -> bool:
     """Refuse settings the ranks cannot run; True when the update is sharded (FSDP under torchrun)."""
     tc = cfg.train
     if tc.questions_per_step % ctx.world_size:
-        raise ValueError(f"train.questions_per_step={tc.questions_per_step} must be divisible by the "
-                         f"{ctx.world_size} ranks")
+        raise ConfigError(f"train.questions_per_step={tc.questions_per_step} must be divisible by the "
+                          f"{ctx.world_size} ranks")
     par.check_parallel(tc.parallel)
     if tc.share_prefix:
         clash = [name for name, on in (("train.remove_padding", tc.remove_padding),
                                        ("train.grad_checkpointing", tc.grad_checkpointing),
                                        (f"torchrun ({ctx.world_size} ranks)", ctx.world_size > 1)) if on]
         if clash:
-            raise ValueError(f"train.share_prefix cannot run with {' and '.join(clash)}: it keeps the common "
-                             "prefix's KV cache for the rows of one process; set train.share_prefix=false")
+            raise ConfigError(f"train.share_prefix cannot run with {' and '.join(clash)}: it keeps the common "
+                              "prefix's KV cache for the rows of one process; set train.share_prefix=false")
     sharded = ctx.enabled and tc.parallel == "fsdp"
     if sharded and cfg.model.lora_rank > 0:
-        raise ValueError("train.parallel=fsdp does not support LoRA (model.lora_rank > 0); "
-                         "use train.parallel=ddp, which LoRA's small trainable state suits")
+        raise ConfigError("train.parallel=fsdp does not support LoRA (model.lora_rank > 0); "
+                          "use train.parallel=ddp, which LoRA's small trainable state suits")
     return sharded
 
 

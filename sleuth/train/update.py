@@ -42,9 +42,11 @@ from sleuth.algo.losses import (
     value_loss,
 )
 from sleuth.config import AlgoConfig
+from sleuth.errors import ConfigError
 from sleuth.train.forward import critic_values, token_logprobs
 from sleuth.train.layout import RowLayout
 from sleuth.train.reduce import all_max, all_ranks_true, all_sum, global_whiten, world_info
+from sleuth.train.sft import batch_tensors, lm_loss
 
 
 @dataclass
@@ -74,7 +76,7 @@ def compute_advantages(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(advantages_BT, returns_BT or None)`` for the estimator named by ``algo.advantage``."""
     if algo.advantage not in ADVANTAGES:
-        raise ValueError(f"algo.advantage must be one of {ADVANTAGES}, got {algo.advantage!r}")
+        raise ConfigError(f"algo.advantage must be one of {ADVANTAGES}, got {algo.advantage!r}")
     kl_BT = None
     if algo.kl_mode == "reward" and algo.kl_coef > 0:
         if old_logprobs_BT is None or ref_logprobs_BT is None:
@@ -182,16 +184,19 @@ def policy_update(
     critic_optimizer: torch.optim.Optimizer | None = None,
     critic_scheduler=None,
     train_policy: bool = True,
+    guide=None,
 ) -> dict[str, float]:
     """Optimise ``policy`` (and ``critic``) on ``batch``; returns averaged ``algo/`` metrics. The rows run
     in ``layout``'s micro-batches (:class:`sleuth.train.layout.RowLayout`: padded, packed or with shared
     prefixes; its row and token budget). ``train_policy=False`` (the critic's warm-up): the critic alone
-    is trained; the policy runs no forward, its optimizer and scheduler do not step."""
+    is trained; the policy runs no forward, its optimizer and scheduler do not step. ``guide``
+    (:class:`sleuth.train.guide.GuideRows`): supervised rows whose loss, times their coefficient, joins each
+    mini-batch's gradient (split over the mini-batches as the rows are)."""
     B = batch.input_ids_BT.shape[0]
     if not train_policy and critic is None:
         raise ValueError("train_policy=False (critic warm-up) needs a critic (algo.advantage=gae)")
     if mini_batches < 1 or mini_batches > B:
-        raise ValueError(f"train.mini_batches must be in [1, {B}] for a batch of {B} rows, got {mini_batches}")
+        raise ConfigError(f"train.mini_batches must be in [1, {B}] for a batch of {B} rows, got {mini_batches}")
     device = next(policy.parameters()).device
     gen = torch.Generator().manual_seed(seed)
     stats = _UpdateStats(lr=optimizer.param_groups[0]["lr"],  # the rate this update uses (the scheduler moves it after)
@@ -223,6 +228,8 @@ def policy_update(
                 (loss * world_info()[0]).backward()
                 stats.add(metrics, n_tokens)
                 mb_loss += float(loss.detach())  # micro losses share the denominator: they add up
+            if guide is not None and train_policy:
+                _guide_backward(policy, guide, m, mini_batches, batch, layout, stats, device)
             stats.losses.append(mb_loss)
             stats.value_losses.append(mb_value_loss)
             _optimizer_step(policy, critic, optimizers, grad_clip, all_ranks_true(finite, device), train_policy, stats,
@@ -232,6 +239,32 @@ def policy_update(
         if sched is not None:
             sched.step()
     return stats.result(device, critic=critic is not None, train_policy=train_policy)
+
+
+def _guide_backward(policy, guide, m: int, mini_batches: int, batch: UpdateBatch, layout: RowLayout, stats,
+                    device) -> None:
+    """Mini-batch ``m``'s share of the guide rows: ``coef`` x their token-mean causal-LM loss (the mean
+    over every rank's guide tokens of this mini-batch) into the gradient, in micro-batches paired across
+    ranks (an idle pass runs an RL row at weight 0)."""
+    rows = guide.rows[m::mini_batches]
+    tokens = sum(sum(1 for y in labels[1:] if y != -100) for _, labels in rows)
+    (total,) = all_sum([float(tokens)], device)
+    if total == 0:
+        return
+    world, nll = world_info()[0], 0.0
+    buckets = layout.buckets(*batch_tensors(rows, pad_id=0)[::2]) if rows else []
+    for local in _paired(buckets, device):
+        if local is None:  # this rank has fewer guide micro-batches: an RL row, its own tokens as labels, weight 0
+            ids = batch.input_ids_BT[:1, : int(batch.attention_mask_BT[0].sum())]
+            (lm_loss(policy, ids.to(device), ids.to(device), torch.ones_like(ids).to(device)) * 0.0).backward()
+            continue
+        # pad id 0: padding is masked out of attention and labels
+        ids_BT, labels_BT, mask_BT = (t.to(device) for t in batch_tensors([rows[i] for i in local], pad_id=0))
+        part = lm_loss(policy, ids_BT, labels_BT, mask_BT, denominator=total)  # its share of the mean
+        (guide.coef * part * world).backward()
+        nll += float(part.detach())
+    stats.guide_rows += len(rows)
+    stats.guide_losses.append(nll)  # this rank's share: the ranks' shares add up to the mini-batch's mean
 
 
 def _paired(buckets: list[list[int]], device) -> list[list[int] | None]:
@@ -282,6 +315,8 @@ class _UpdateStats:
     n: int = 0
     steps: int = 0
     skipped: int = 0
+    guide_rows: int = 0
+    guide_losses: list = field(default_factory=list)
     grad_norms: list = field(default_factory=list)
     losses: list = field(default_factory=list)
     value_losses: list = field(default_factory=list)
@@ -314,6 +349,9 @@ class _UpdateStats:
         out["algo/lr"] = self.lr
         if self.critic_lr is not None:
             out["algo/critic_lr"] = self.critic_lr
+        if self.guide_losses:
+            out["guide/rows"] = float(self.guide_rows)
+            out["guide/loss"] = mean(self.guide_losses)
         return out
 
 

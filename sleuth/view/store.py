@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sleuth.errors import RunDirError
 from sleuth.reward.metrics import score_prediction
 
 CHUNK_BYTES = 4 << 20  # read this much of a file per step of the indexer
@@ -280,7 +281,7 @@ RUN_FILES = ("metrics.jsonl", "samples.jsonl", "config.yaml")
 EVAL_FILES = ("trajectories.jsonl", "results.json", "setting.json")
 
 
-class ViewError(ValueError):
+class ViewError(RunDirError):
     """A directory the viewer cannot open; the message names it and says what it expected."""
 
 

@@ -18,7 +18,7 @@ from sleuth.rollout.formats import get_format
 from sleuth.rollout.loop import run_rollouts
 from sleuth.sft.loop import epoch_order, step_indices
 from sleuth.sft.synthesize import synthesize
-from sleuth.sft.transcripts import Transcript, encode, load_transcripts, read_transcripts, write_transcripts
+from sleuth.data.transcripts import Transcript, encode, load_transcripts, read_transcripts, write_transcripts
 from sleuth.train.logging import trajectory_record
 from sleuth.train.sft import supervised_step
 from sleuth.types import Passage, Question
@@ -79,8 +79,8 @@ def test_a_transcript_tokenises_as_a_rollout_of_its_actions(chat, fmt_name, nudg
 def test_synthesize_keeps_grounded_transcripts_and_counts_the_rest():
     tok = tiny_tokenizer()
     transcripts, counts, _, _ = _synth(tok, _cfg())
-    assert counts == {"kept: one search": 1, "kept: two searches": 1, "dropped: yes/no answer": 1,
-                      "dropped: answer not retrieved": 1}
+    assert counts == {"kept: one search": 1, "kept: two searches": 1,
+                      "dropped: yes/no, fewer than two passages to compare": 1, "dropped: answer not retrieved": 1}
     one, two = transcripts
     assert [s for s, trained in one.segments if trained][-1].endswith("<answer> Tazenton </answer>")
     searches = [s for s, trained in two.segments if trained][:2]
@@ -94,6 +94,26 @@ def test_synthesize_keeps_grounded_transcripts_and_counts_the_rest():
     cfg.sft.follow_up = False
     _, counts, _, _ = _synth(tok, cfg)
     assert counts["dropped: answer not in the observation"] == 2 and "kept: two searches" not in counts
+
+
+def test_a_yes_no_question_gets_a_comparison_then_its_answer_and_replays_as_a_rollout():
+    """Yes/no questions (12 of the first 100 HotpotQA dev questions) are kept: one search, then a short
+    comparison of the two passages read, then the gold answer; the transcript is one a rollout produces."""
+    tok = tiny_tokenizer()
+    cfg = _cfg(obs=200)
+    cfg.retrieval = replace(cfg.retrieval, topk=2)
+    transcripts, counts, fmt, render = _synth(tok, cfg, [QUESTIONS[2]])
+    assert counts == {"kept: yes/no, one search": 1}
+    (t,) = transcripts
+    last = [s for s, trained in t.segments if trained][-1]
+    assert "Comparing them, the answer is no." in last and last.endswith("<answer> no </answer>")
+    assert "Doc 1 is about Vonsen and Doc 2 about Lukon." in last
+    turns = [text for text, trained in t.segments if trained]
+    trajs, _ = run_rollouts([t.question], ScriptedBackend(tok, turns), tok, fmt, InMemoryRetriever(PASSAGES),
+                            cfg.rollout, k=2, group_size=1)
+    rb = trajectories_to_batch(trajs, tok.pad_token_id)
+    ids, labels = encode(t, render)
+    assert rb.input_ids_BT[0, :rb.lengths_B[0]].tolist() == ids and trajs[0].answer == "no"
 
 
 def test_synthesize_refuses_a_format_it_cannot_write():

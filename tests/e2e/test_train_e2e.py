@@ -340,6 +340,32 @@ def test_overlong_trajectories_are_masked_or_penalised(world, tmp_path, mode):
         assert torch.allclose(batch.scores_B, keep.scores_B - 0.25 * cut.float())
 
 
+def test_guidance_adds_the_transcripts_of_the_groups_that_all_failed(world, tmp_path):
+    """algo.guide_coef: every question has a gold transcript; the step trains on those of the groups
+    whose every sample is wrong, and on no other; no transcripts at all is a one-line error."""
+    from sleuth.config_file import ConfigError
+    from sleuth.data.transcripts import Transcript, write_transcripts
+    from sleuth.reward.trajectory import answer_scores
+
+    from sleuth.data.qa import load_questions
+
+    gold = [Transcript(q, [(f"<answer> {q.golden_answers[0]} </answer>", True)])  # ids as the run loads them
+            for q in load_questions(str(world / "train.jsonl"))]
+    write_transcripts(tmp_path / "gold.jsonl", gold)
+    trainer = _trainer(world, tmp_path / "run", ["algo.guide_coef=0.5", f"algo.guide_files=[{tmp_path / 'gold.jsonl'}]",
+                                                 "algo.kl_coef=0"])
+    metrics, trajs = trainer.train_step()
+    groups: dict = {}
+    for t in trajs:
+        groups.setdefault(t.question.id, []).append(answer_scores(t).em)
+    failed = sum(all(e == 0.0 for e in ems) for ems in groups.values())
+    assert metrics.get("guide/rows", 0.0) == failed
+    if failed:
+        assert metrics["guide/loss"] > 0
+    with pytest.raises(ConfigError, match="algo.guide_coef > 0 needs algo.guide_files"):
+        _trainer(world, tmp_path / "none", ["algo.guide_coef=0.5"])
+
+
 def _trainer(world, out, extra=()):
     from sleuth.config_file import load_config
     from sleuth.train.loop import Trainer

@@ -82,3 +82,14 @@ def test_the_reward_step_and_eval_share_one_scorer():
     assert m["reward/std"] == pytest.approx((2 / 9) ** 0.5)
     assert m["reward/format"] == pytest.approx(1 / 3)  # only the first has <think> before <answer>
     assert reward_metrics([], [])["reward/std"] == 0.0
+
+
+def test_a_search_cost_is_subtracted_per_executed_search():
+    from sleuth.reward.trajectory import assign_rewards
+    from sleuth.types import Question, Trajectory
+
+    trajs = [Trajectory(question=Question(f"q{i}", "q", ("Paris",)), sample_index=0, segments=[], num_searches=n)
+             for i, n in enumerate((0, 1, 3))]
+    assert assign_rewards(trajs, lambda response, golds: 1.0, search_cost=0.1) == pytest.approx([1.0, 0.9, 0.7])
+    assert [t.reward for t in trajs] == pytest.approx([1.0, 0.9, 0.7])
+    assert assign_rewards(trajs, lambda response, golds: 1.0) == [1.0, 1.0, 1.0]

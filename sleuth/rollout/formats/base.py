@@ -49,6 +49,7 @@ import functools
 import re
 from typing import Protocol, runtime_checkable
 
+from sleuth.errors import ConfigError
 from sleuth.types import Action, Passage, Question
 
 
@@ -102,7 +103,7 @@ def get_format(name: str, **options) -> ProtocolFormat:
     """
     cls = FORMATS.get(name) or PROMPT_VARIANTS.get(name)
     if cls is None:
-        raise ValueError(f"unknown protocol format {name!r}; choose one of {format_names()}")
+        raise ConfigError(f"unknown protocol format {name!r}; choose one of {format_names()}")
     return cls(**options)
 
 

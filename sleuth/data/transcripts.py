@@ -26,7 +26,7 @@ from pathlib import Path
 from sleuth.errors import UserError
 from sleuth.records import SEGMENT_TEXT_LIMIT
 from sleuth.rollout.chat import ChatRenderer
-from sleuth.train.files import write_text_atomic
+from sleuth.files import write_text_atomic
 from sleuth.types import Question
 
 SAMPLE_TEXT_LIMIT = SEGMENT_TEXT_LIMIT  # a run's samples.jsonl (and an eval's rows) cut a segment's text here
@@ -106,7 +106,7 @@ def _rows(path: Path):
             try:
                 yield _parse(json.loads(line), where)
             except ValueError as e:  # JSONDecodeError too
-                raise UserError(f"{where}: not a transcript ({e}); see sleuth/sft/transcripts.py for the form")
+                raise UserError(f"{where}: not a transcript ({e}); see sleuth/data/transcripts.py for the form")
 
 
 def load_transcripts(path: Path) -> list[Transcript]:
@@ -114,10 +114,12 @@ def load_transcripts(path: Path) -> list[Transcript]:
     return [t for t, _ in _rows(path)]
 
 
-def read_transcripts(files: list[str], min_reward: float | None = None) -> tuple[list[Transcript], Counter]:
+def read_transcripts(files: list[str], min_reward: float | None = None, *,
+                     by_id: bool = False) -> tuple[list[Transcript], Counter]:
     """Transcripts from JSONL files (a run's ``samples.jsonl`` or transcripts), the first occurrence of
-    each (question, segments) kept; ``min_reward`` keeps records whose reward reaches it; segments the
-    sample log cut are dropped. Returns them and the counts kept and dropped per reason."""
+    each (question, segments) kept (``by_id``: of each question id and segments, so questions of the same
+    text under different ids each keep theirs); ``min_reward`` keeps records whose reward reaches it;
+    segments the sample log cut are dropped. Returns them and the counts kept and dropped per reason."""
     if not files:
         raise UserError("sft.source=trajectories needs sft.files (a run's samples.jsonl or a JSONL of transcripts)")
     out, counts, seen = [], Counter(), set()
@@ -129,7 +131,7 @@ def read_transcripts(files: list[str], min_reward: float | None = None) -> tuple
             if cut:
                 counts[f"dropped: a segment cut at {SAMPLE_TEXT_LIMIT} characters in the log"] += 1
                 continue
-            key = (t.question.text, tuple(t.segments))
+            key = (t.question.id if by_id else t.question.text, tuple(t.segments))
             if key in seen:
                 counts["dropped: duplicate"] += 1
                 continue
