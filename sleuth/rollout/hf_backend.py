@@ -39,6 +39,7 @@ from contextlib import contextmanager
 import torch
 from transformers import DynamicCache
 
+from sleuth.models import base_model
 from sleuth.rollout.backends import (
     GenerationResult,
     SamplingParams,
@@ -323,8 +324,7 @@ def cache_kwarg(model) -> str:
     """The name under which the model's forward takes a KV cache: ``cache`` (transformers >= 5.20;
     ``past_key_values`` is deprecated there) or ``past_key_values`` (earlier releases, e.g. the
     5.16-5.19 that vLLM 0.32 requires)."""
-    base = getattr(model, "get_base_model", None)  # peft: the wrapped model's own forward
-    inner = base() if callable(base) else model
+    inner = base_model(model)  # DDP and peft: the wrapped model's own forward
     return "cache" if "cache" in inspect.signature(inner.forward).parameters else "past_key_values"
 
 
