@@ -12,6 +12,7 @@ import argparse
 import importlib
 import sys
 
+import sleuth.toy  # noqa: F401  registers the embedded 'tiny' model and toy world (sleuth.named)
 from sleuth.errors import SleuthError
 from sleuth.retrieval.base import RetrieverDownError
 from sleuth.version import __version__

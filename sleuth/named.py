@@ -4,7 +4,8 @@
 
 The core (models, build, eval, the memory plan) looks these names up here and never imports the
 package that provides them: :mod:`sleuth.toy` registers its model and world when it is imported, and
-the package root imports it, so ``import sleuth.<anything>`` has them registered.
+the command line (``sleuth.cli``) imports it. Library code that uses these names imports ``sleuth.toy``
+first; otherwise the lookup says so.
 """
 
 from __future__ import annotations
@@ -41,9 +42,15 @@ def named_model(name: str) -> NamedModel | None:
     return _MODELS.get(name)
 
 
+PROVIDED_BY = {"tiny": "sleuth.toy"}  # names a package registers when imported (for the error only)
+
+
 def model_dir(name_or_path: str) -> str:
     """A registered name's model directory (built on first use); any other name or path as given."""
     named = _MODELS.get(name_or_path)
+    if named is None and name_or_path in PROVIDED_BY and not Path(name_or_path).exists():
+        raise RuntimeError(f"model {name_or_path!r} is registered by {PROVIDED_BY[name_or_path]}: import it first "
+                           "(the sleuth command does)")
     return str(named.path()) if named is not None else name_or_path
 
 
@@ -54,5 +61,5 @@ def register_world(world: NamedWorld) -> None:
 def named_world() -> NamedWorld:
     """The registered toy world (the package root registers :mod:`sleuth.toy`'s)."""
     if not _WORLD:
-        raise RuntimeError("no toy world is registered: import sleuth.toy (the sleuth package root does)")
+        raise RuntimeError("no toy world is registered: import sleuth.toy first (the sleuth command does)")
     return _WORLD[0]

@@ -159,3 +159,12 @@ def test_the_core_never_imports_the_toy_world_or_the_demo():
 def test_the_layer_check_can_fail():
     graph = {"sleuth.models": [("sleuth.train.checkpoint", 22, False)], "sleuth.train.loop": [("sleuth.models", 1, False)]}
     assert _upward(graph) == ["sleuth.models (layer 1) imports sleuth.train.checkpoint (layer 4), line 22"]
+
+
+def test_the_tiny_name_without_the_toy_registered_is_a_clear_error():
+    import subprocess
+    import sys
+
+    code = ("import sleuth.models as m\ntry:\n    m.load_policy('tiny')\nexcept RuntimeError as e:\n    print(e)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300).stdout
+    assert "model 'tiny' is registered by sleuth.toy: import it first" in out
