@@ -54,6 +54,13 @@ def model_dir(name_or_path: str) -> str:
     return str(named.path()) if named is not None else name_or_path
 
 
+def registrars() -> list[str]:
+    """The modules that registered the names held now: what another process (an asynchronous rollout
+    worker) imports to hold the same names."""
+    found = [m.path.__module__ for m in _MODELS.values()] + [w.questions.__module__ for w in _WORLD]
+    return sorted(set(found))
+
+
 def register_world(world: NamedWorld) -> None:
     _WORLD[:] = [world]
 

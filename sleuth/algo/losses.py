@@ -144,7 +144,18 @@ def clipped_policy_loss(
 def tis_weights(
     old_logprobs_BT: torch.Tensor, sampler_logprobs_BT: torch.Tensor, mask_BT: torch.Tensor, *, cap: float = 2.0
 ) -> torch.Tensor:
-    """Truncated importance weights ``min(exp(old_logp - sampler_logp), cap)``, detached; 0 off-mask."""
+    """Truncated importance weights ``min(exp(old_logp - sampler_logp), cap)``, detached; 0 off-mask.
+
+    Three policies meet when the sampler is not the trainer (vLLM) or is older than it (asynchronous rollouts,
+    ``rollout.async_steps``): the behaviour policy mu that sampled the tokens (``sampler_logp``), the proximal
+    policy pi_old (the trainer's weights when the batch is trained on: the update's recomputed ``old_logp``),
+    and pi_theta being optimised. Each token's loss is decoupled PPO's (AReaL; verl's one-step-off mode with TIS):
+
+        w * max(-A * r, -A * clip(r, 1 - clip_low, 1 + clip_high)),   r = pi_theta / pi_old,
+        w = min(pi_old / mu, cap)
+
+    so the clip keeps the update near the weights the trainer holds, and ``w`` corrects for sampling by mu.
+    """
     if not cap > 0:
         raise ValueError(f"tis cap must be > 0, got {cap}")
     check_same_shape(old_logprobs_BT=old_logprobs_BT, sampler_logprobs_BT=sampler_logprobs_BT, mask_BT=mask_BT)

@@ -46,6 +46,7 @@ class ScoredBatch:
     metrics: dict[str, float] = field(default_factory=dict)  # rollout/, reward/, groups/, sampling/ figures
     guide: GuideRows | None = None  # algo.guide_coef: gold transcripts of the groups that all failed
     started: float = 0.0  # perf_counter() when the step began
+    cursor: dict | None = None  # rollout.async_steps: the question sampler's cursor after this batch's draws
     rollout_s: float = 0.0
 
 

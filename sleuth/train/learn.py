@@ -23,9 +23,11 @@ def sampler_logprobs_are_old(cfg, engine) -> bool:
     """Whether the rollout's own logprobs serve as the old policy's: one on-policy pass (one epoch,
     one mini-batch), sampled by our HF decode from the weights being trained at the training
     temperature, so they are ``log_softmax(logits / T)`` of the same tokens (equal to float
-    rounding). Not with TIS, which compares the two, nor with vLLM (another engine)."""
+    rounding). Not with TIS, which compares the two, nor with vLLM (another engine), nor with
+    asynchronous rollouts (older weights)."""
     tc = cfg.train
-    return (tc.epochs == 1 and tc.mini_batches == 1 and cfg.algo.tis_cap is None and engine.samples_from_policy
+    return (tc.epochs == 1 and tc.mini_batches == 1 and cfg.algo.tis_cap is None and cfg.rollout.async_steps == 0
+            and engine.samples_from_policy
             and cfg.rollout.temperature > 0)
 
 

@@ -34,6 +34,7 @@ from sleuth.eval.metrics import EvalPerf, EvalSummary, summarize
 from sleuth.models import compute_autocast
 from sleuth.train import distributed as par
 from sleuth.train import reduce
+from sleuth.train.async_rollout import AsyncRollouts
 from sleuth.train.checkpoint import latest_checkpoint
 from sleuth.train.collect import ScoredBatch, collect
 from sleuth.train.distributed import init_distributed
@@ -59,6 +60,8 @@ from sleuth.train.state import (
 
 class Trainer:
     """Holds the run's objects; ``run()`` is the loop. Built from a Config and an output dir."""
+
+    rollouts: AsyncRollouts | None = None  # rollout.async_steps: the worker's batches (sleuth.train.async_rollout)
 
     def __init__(self, cfg: Config, out_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
                  progress: bool = True):
@@ -95,7 +98,10 @@ class Trainer:
             write_run_config(cfg, self.out)  # atomically; a file already holding these settings is kept as is
             truncate_logs(self.out, self.step)  # a resumed run re-does the steps after its checkpoint
         self.engine = RolloutEngine(cfg, self.policy, self.tokenizer, self.ctx, self.out)
-        self.engine.start()  # vLLM: built after a resume, so that it starts from the current weights
+        if cfg.rollout.async_steps:
+            self._start_async()  # the worker holds the run's vLLM engine, if any
+        else:
+            self.engine.start()  # vLLM: built after a resume, so that it starts from the current weights
         self.logger = MetricsLogger(self.out, total_steps=cfg.train.total_steps, tensorboard=cfg.train.tensorboard,
                                     wandb=cfg.train.wandb, config=to_dict(cfg), enabled=self.ctx.is_main,
                                     progress=progress, resume=resume and self.step > 0)
@@ -105,8 +111,16 @@ class Trainer:
         return compute_autocast(self.cfg.model.dtype, self.state.compute_device)
 
     def close(self) -> None:
-        """Shut the vLLM engine down (while the process group is alive); a no-op without one."""
+        """Stop an asynchronous rollout worker; shut the vLLM engine down (while the process group is alive)."""
+        if self.rollouts is not None:
+            self.rollouts.close()
         self.engine.close()
+
+    def _start_async(self) -> None:
+        """A rollout worker from the current weights and question cursor (at start, resume and rollback)."""
+        if self.rollouts is not None:
+            self.rollouts.close()
+        self.rollouts = AsyncRollouts(self.cfg, self.out, self.policy, cursor=self.sampler.state(), step=self.step)
 
     # -- checkpoints -------------------------------------------------------------------------
     def save(self) -> Path | None:
@@ -148,6 +162,8 @@ class Trainer:
             with self.compute():
                 batch = self.collect()
                 metrics = self.learn(batch)
+            if self.rollouts is not None:  # the updated weights to the rollout worker
+                metrics.update(self.rollouts.publish(self.step, self.policy))
         except torch.OutOfMemoryError as e:  # where the memory went, beside the plan printed at start
             e.add_note(f"sleuth: step {self.step + 1} ran out of device memory; {self._peaks.report()}")
             raise
@@ -156,7 +172,12 @@ class Trainer:
         return metrics, batch.trajectories
 
     def collect(self) -> ScoredBatch:
-        """This step's questions rolled out, scored and as tensors (``sleuth.train.collect``)."""
+        """This step's questions rolled out, scored and as tensors (``sleuth.train.collect``); with
+        ``rollout.async_steps``, the rollout worker's batch (the question cursor moves to after its draws)."""
+        if self.rollouts is not None:
+            batch = self.rollouts.next(self.step)
+            self.sampler.load_state(batch.cursor)
+            return batch
         return collect(self.step, sampler=self.sampler, engine=self.engine, fmt=self.fmt, retriever=self.retriever,
                        reward_fn=self.reward_fn, cfg=self.cfg, ctx=self.ctx, peaks=self._peaks,
                        latest_checkpoint=lambda: latest_checkpoint(self.out), guide=self.guide)
@@ -238,6 +259,8 @@ class Trainer:
                 break
         if saved_at != self.step:
             self.save()
+        if self.rollouts is not None:
+            self.rollouts.close()  # nothing more to roll out
         self.logger.close()
         return last
 
@@ -265,4 +288,6 @@ class Trainer:
                 self._resume(ckpt)
                 self.watch.history.clear()
                 self.engine.push()
+                if self.rollouts is not None:
+                    self._start_async()  # from the checkpoint's weights and cursor
         return False

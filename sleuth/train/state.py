@@ -86,6 +86,9 @@ def check_parallel_settings(cfg: Config, ctx: DistContext) -> bool:
         raise ConfigError(f"train.questions_per_step={tc.questions_per_step} must be divisible by the "
                           f"{ctx.world_size} ranks")
     par.check_parallel(tc.parallel)
+    if cfg.rollout.async_steps and ctx.world_size > 1:
+        raise ConfigError(f"rollout.async_steps={cfg.rollout.async_steps} runs in one process (its rollout worker "
+                          f"beside it); under torchrun ({ctx.world_size} ranks) set rollout.async_steps=0")
     if tc.share_prefix:
         clash = [name for name, on in (("train.remove_padding", tc.remove_padding),
                                        ("train.grad_checkpointing", tc.grad_checkpointing),

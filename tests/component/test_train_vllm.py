@@ -247,3 +247,43 @@ def test_real_vllm_engine_follows_the_trainer_weights(tmp_path):
             for p in model.parameters():
                 p.add_(0.05 * torch.randn_like(p))
         engine.load_weights(trainer_weights(model))
+
+
+def test_async_rollouts_push_each_weights_version_into_the_workers_engine(world, tmp_path):
+    """rollout.async_steps=1 (inline worker, the same schedule as the spawned one): the worker's engine holds
+    v0 for batches 1 and 2 and v1 (the weights after update 1) for batch 3; at step 1 the trainer still holds
+    v0, so the truncated importance weights are exactly exp(OFFSET) there."""
+    import sleuth.train.learn as learn
+    import sleuth.train.loop as loop
+    import sleuth.train.update as update
+
+    after, tis = [], []
+    real_update, real_tis = learn.policy_update, update.tis_weights
+
+    def recording_update(model, *args, **kwargs):
+        out = real_update(model, *args, **kwargs)
+        after.append({n: t.detach().clone() for n, t in model.state_dict().items()})
+        return out
+
+    def recording_tis(old_BT, sampler_BT, mask_BT, *, cap):
+        w_BT = real_tis(old_BT, sampler_BT, mask_BT, cap=cap)
+        tis.append((len(after), w_BT[mask_BT.bool()].clone()))
+        return w_BT
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(sys.modules, "vllm", stub_vllm_module())
+        mp.setattr(vllm_backend, "cuda_available", lambda: True)
+        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        mp.setattr(learn, "policy_update", recording_update)
+        mp.setattr(update, "tis_weights", recording_tis)
+        cfg = make_config(world, train__total_steps=3, rollout__async_steps=1, rollout__async_worker="inline")
+        trainer = loop.Trainer(cfg, tmp_path / "run", progress=False)
+        initial = {n: t.detach().clone() for n, t in trainer.policy.state_dict().items()}
+        trainer.run()
+        trainer.close()
+    pushes = StubLLM.last.engine_model.pushes
+    assert len(pushes) == 2
+    for pushed, expected in zip(pushes, [initial, after[0]]):
+        assert all(torch.equal(pushed[n], t) for n, t in expected.items())
+    step1 = torch.cat([w for done, w in tis if done == 0])
+    assert step1.numel() and torch.allclose(step1, torch.full_like(step1, math.exp(OFFSET)), atol=1e-5)

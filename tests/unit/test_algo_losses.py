@@ -195,3 +195,22 @@ def test_bad_clip_settings():
         clipped_policy_loss(logp_BT, logp_BT, logp_BT, torch.ones(1, 2), clip_low=1.0)
     with pytest.raises(ValueError, match="shape mismatch"):
         clipped_policy_loss(logp_BT, logp_BT, torch.zeros(1, 3), torch.ones(1, 2))
+
+
+def test_off_policy_correction_clips_against_the_proximal_policy_and_weighs_by_the_behaviours():
+    """Asynchronous rollouts: mu sampled, pi_old is the trainer's weights at arrival, pi_theta moves.
+    Token 1 (A = +1): mu 0.5, pi_old 0.6, pi_theta 0.9 -> r = 1.5 clipped to 1.28 (against mu it would be 1.8),
+    w = min(0.6 / 0.5, 2) = 1.2, loss -1.2 * 1.28 = -1.536. Token 2 (A = -1): mu 0.4, pi_old 0.2, pi_theta 0.1 ->
+    r = 0.5, max(0.5, clip(0.5, 0.8, 1.28) = 0.8) = 0.8, w = 0.5, loss 0.4. Token mean: (-1.536 + 0.4) / 2."""
+    mu_BT = torch.tensor([[0.5, 0.4]], dtype=torch.float64).log()
+    old_BT = torch.tensor([[0.6, 0.2]], dtype=torch.float64).log()
+    logp_BT = torch.tensor([[0.9, 0.1]], dtype=torch.float64).log().requires_grad_()
+    adv_BT, mask_BT = torch.tensor([[1.0, -1.0]], dtype=torch.float64), torch.ones(1, 2)
+    w_BT = tis_weights(old_BT, mu_BT, mask_BT, cap=2.0)
+    assert torch.allclose(w_BT, torch.tensor([[1.2, 0.5]], dtype=torch.float64))
+    loss, stats = clipped_policy_loss(logp_BT, old_BT, adv_BT, mask_BT, clip_low=0.2, clip_high=0.28,
+                                      tis_weights_BT=w_BT)
+    assert loss.item() == pytest.approx((-1.536 + 0.4) / 2)
+    assert stats.clipfrac.item() == 1.0  # both tokens clipped: neither moves the loss
+    loss.backward()
+    assert torch.equal(logp_BT.grad, torch.zeros(1, 2, dtype=torch.float64))

@@ -80,7 +80,8 @@ REGISTRIES = {
         "sleuth.retrieval.web", fromlist=["PROVIDERS"]).PROVIDERS),
 }
 # Choices whose users test the names in place (no registry to compare with).
-FIXED = {"rollout.backend", "algo.kl_mode", "train.schedule", "train.on_collapse", "sft.source", "train.overlong"}
+FIXED = {"rollout.backend", "algo.kl_mode", "train.schedule", "train.on_collapse", "sft.source", "train.overlong",
+         "rollout.async_worker"}
 
 
 def _choice_fields() -> dict[str, tuple]:
