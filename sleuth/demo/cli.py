@@ -39,7 +39,7 @@ def register(sub) -> None:
     p.add_argument("--world-entities", type=int, default=DEMO_WORLD_ENTITIES,
                    help="size of the toy world in entities (20 to 1100)")
     p.add_argument("--model", default=None,
-                   help="a real model instead of the embedded one: hub name, local dir, .gguf file, or smollm2")
+                   help="a real model instead of the embedded one: hub name, local dir, .gguf file, smollm2 or gemma3-270m")
     p.add_argument("--eval-limit", type=int, default=None, help="evaluate on the first N test questions of each kind (single-hop, two-hop)")
     p.add_argument("--no-ablation", action="store_true", help="skip the no-search ablation run")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",

@@ -27,7 +27,7 @@ from sleuth.eval.tables import DISPLAY, pct, source_columns
 if TYPE_CHECKING:  # for annotations only: sleuth.eval.metrics pulls numpy, the tables need none of it
     from sleuth.eval.metrics import EvalSummary
 
-BASELINE_KEYS = ("model", "format", "no_search", "corpus", "retriever", "topk", "max_turns", "rollout")
+BASELINE_KEYS = ("model", "format", "no_search", "rag", "corpus", "retriever", "topk", "max_turns", "rollout")
 
 
 def setting_label(setting: dict, long: bool = False) -> str:
@@ -35,6 +35,8 @@ def setting_label(setting: dict, long: bool = False) -> str:
     e.g. ``search (bm25, top-3, <=4 searches)``."""
     if setting.get("no_search"):
         return "no search (direct answer)" if long else "no search"
+    if setting.get("rag"):
+        return f"RAG ({setting.get('retriever')}, top-{setting.get('topk')} in the prompt)" if long else "RAG"
     if not long:
         return "search"
     return f"search ({setting.get('retriever')}, top-{setting.get('topk')}, <={setting.get('max_turns')} searches)"

@@ -91,6 +91,9 @@ def register(sub) -> None:
     p.add_argument("--baseline", default=None, metavar="DIR",
                    help="--out of a finished eval of the same questions (e.g. a --no-search run): report "
                         "EM/F1 beside it with the difference")  # fmt: skip
+    p.add_argument("--rag", action="store_true",
+                   help="retrieval-augmented baseline: the question's top-k passages in the prompt, one answer, no "
+                        "search turns (Search-R1's RAG rows)")
     p.add_argument("--samples", type=int, default=1, metavar="N",
                    help="answer each question N times by sampling: pass@k beside the mean over samples, every "
                         "sample written with its reward (for sleuth sft --set sft.source=trajectories)")
@@ -116,10 +119,12 @@ def eval_setting(args, rollout_cfg, retr: dict) -> dict:
     return {
         "model": args.model, "model_path": model_id, "format": rollout_cfg.format, "no_search": args.no_search,
         "corpus": retr["corpus"], "retriever": retr["kind"], "retriever_fingerprint": retr["fingerprint"],
-        "topk": None if args.no_search else args.topk, "max_turns": 0 if args.no_search else args.max_turns,
+        "topk": None if args.no_search else args.topk,
+        "max_turns": 0 if args.no_search or getattr(args, "rag", False) else args.max_turns,
         "data": [str(Path(f).resolve()) for f in args.data], "dtype": args.dtype, "seed": args.seed,
         "greedy": not sampled(args), "rollout": {k: getattr(rollout_cfg, k) for k in keep},
         **({"samples": args.samples, "temperature": sample_temperature(args)} if sampled(args) else {}),
+        **({"rag": True} if getattr(args, "rag", False) else {}),  # earlier evals: no key
         **({"backend": args.backend} if getattr(args, "backend", "hf") != "hf" else {}),  # earlier evals: hf
     }  # fmt: skip
 
@@ -162,6 +167,8 @@ def _eval(args) -> int:
     if args.samples < 1 or (args.temperature is not None and args.temperature <= 0):
         raise UserError(f"--samples must be >= 1 and --temperature > 0 (got {args.samples}, {args.temperature}); "
                         "greedy decoding is the default without them")
+    if args.rag and args.no_search:
+        raise UserError("--rag and --no-search are two baselines (passages in the prompt, or none): give one")
     if sampled(args) and args.baseline:
         raise UserError("--baseline pairs greedy evals question by question; run the sampled eval without it")
     rcfg, fmt = protocol(args)
@@ -201,7 +208,8 @@ def _eval(args) -> int:
                 f.write("".join(json.dumps(r) + "\n" for r in rows if is_finished(r)))
 
         summary_new, new_rows = evaluate(model, tok, todo, fmt, retriever, rcfg, topk=args.topk,
-                                         batch_size=args.batch_size, no_search=args.no_search, seed=args.seed,
+                                         batch_size=args.batch_size, no_search=args.no_search, rag=args.rag,
+                                         seed=args.seed,
                                          backend=backend, judge=judge, on_batch=append, progress=True,
                                          samples=n, temperature=sample_temperature(args) if sampled(args) else None)
         if args.backend == "vllm":

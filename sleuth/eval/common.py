@@ -22,7 +22,7 @@ from sleuth.rollout.formats import ProtocolFormat, get_format
 def add_model_retrieval_args(p: argparse.ArgumentParser) -> None:
     """Flags shared by ``eval`` and ``ask``: model, retriever, protocol budget."""
     p.add_argument("--model", required=True,
-                   help="hub name, local dir, Sleuth run/checkpoint dir, .gguf file, 'smollm2' or 'tiny'")
+                   help="hub name, local dir, Sleuth run/checkpoint dir, .gguf file, 'smollm2', 'gemma3-270m' or 'tiny'")
     p.add_argument("--index", help="index directory written by `sleuth index build`")
     p.add_argument("--retriever-url", help="Search-R1 /retrieve endpoint, e.g. http://127.0.0.1:8000/retrieve")
     p.add_argument("--corpus", help="jsonl corpus, indexed with BM25 on the fly (cached)")

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from sleuth.config import RolloutConfig
 from sleuth.eval.metrics import EvalPerf, EvalSummary, score_trajectory, summarize
+from sleuth.eval.rag import RagFormat, rag_passages
 from sleuth.records import SEGMENT_TEXT_LIMIT, prompt_record, segment_records, turn_records
 from sleuth.rollout.formats import normalize_question
 from sleuth.rollout.loop import run_rollouts
@@ -144,6 +145,7 @@ def evaluate(
     topk: int = 3,
     batch_size: int = 64,
     no_search: bool = False,
+    rag: bool = False,
     seed: int = 0,
     backend=None,
     judge=None,
@@ -156,7 +158,8 @@ def evaluate(
     ``samples`` > 1 or a ``temperature``, that many samples a question at that temperature (1.0 by default),
     each row with its ``sample`` index and its ``reward`` (its exact match; ``sleuth.eval.sampled``).
 
-    ``backend`` defaults to ``HFBackend(model, tokenizer)``. ``judge`` (an ``LLMJudge``) adds a
+    ``rag``: the retrieval-augmented baseline (``sleuth.eval.rag``): the question's top-``topk`` passages in
+    the prompt, one answer, no search turns. ``backend`` defaults to ``HFBackend(model, tokenizer)``. ``judge`` (an ``LLMJudge``) adds a
     ``judge`` verdict per row. ``on_batch(rows)`` is called after each batch (the CLI appends them
     to ``trajectories.jsonl`` so an interrupted eval resumes). Returns ``(summary, rows)``;
     ``summary.perf`` holds wall time, questions/s and the generate/retrieve split.
@@ -169,10 +172,14 @@ def evaluate(
 
         model.eval()
         backend = HFBackend(model, tokenizer)
+    if no_search and rag:
+        raise ValueError("no_search and rag are two baselines: ask for one")
     if no_search:
         fmt = fmt if isinstance(fmt, NoSearchFormat) else NoSearchFormat(fmt)
         rollout_cfg = dataclasses.replace(rollout_cfg, max_turns=0)
         retriever = NoRetriever()
+    if rag:
+        rollout_cfg = dataclasses.replace(rollout_cfg, max_turns=0)
     sampled = samples > 1 or temperature is not None
     if sampled:
         rollout_cfg = dataclasses.replace(rollout_cfg, temperature=1.0 if temperature is None else temperature)
@@ -181,8 +188,14 @@ def evaluate(
     t0 = time.perf_counter()
     for start in range(0, len(questions), batch_size):
         batch = questions[start : start + batch_size]
-        trajs, metrics = run_rollouts(batch, backend, tokenizer, fmt, retriever, rollout_cfg, seed=seed, step=0,
-                                      k=topk, greedy=not sampled, group_size=samples)  # fmt: skip
+        batch_fmt, batch_retriever = fmt, retriever
+        if rag:  # the passages up front, then a rollout that cannot search
+            t_r = time.perf_counter()
+            passages = rag_passages(batch, retriever, fmt, tokenizer, k=topk, max_tokens=rollout_cfg.max_obs_tokens)
+            perf.retrieve_s += time.perf_counter() - t_r
+            batch_fmt, batch_retriever = RagFormat(fmt, passages), NoRetriever()
+        trajs, metrics = run_rollouts(batch, backend, tokenizer, batch_fmt, batch_retriever, rollout_cfg, seed=seed,
+                                      step=0, k=topk, greedy=not sampled, group_size=samples)  # fmt: skip
         perf.generate_s += metrics["rollout/time_generate_s"]
         perf.retrieve_s += metrics["rollout/time_retrieve_s"]
         new = [trajectory_row(t) for t in trajs]

@@ -87,7 +87,7 @@ def comparison_table(summary: EvalSummary, setting: dict, published: list[dict])
 
 
 def _setting_lines(setting: dict, summary: EvalSummary) -> list[str]:
-    keys = ["model", "format", "no_search", "corpus", "retriever", "topk", "max_turns", "data", "rollout", "seed"]
+    keys = ["model", "format", "no_search", "rag", "corpus", "retriever", "topk", "max_turns", "data", "rollout", "seed"]
     lines = ["| setting | value |", "|---|---|"]
     for k in keys:
         if k in setting:

@@ -25,10 +25,24 @@ what the policy saw.
 
 from __future__ import annotations
 
+import sys
+
 from sleuth.errors import ModelError
 from sleuth.types import Passage, Question
 
 SENTINEL = "SLEUTHSENTINEL9a7e"
+
+
+_SAID_PLAIN: set[str] = set()
+
+
+def _say_plain_once(tokenizer) -> None:
+    """A tokenizer without a chat template (a base model): prompts are plain text, said once per tokenizer."""
+    name = str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__)
+    if name not in _SAID_PLAIN:
+        _SAID_PLAIN.add(name)
+        print(f"note: the tokenizer of {name} has no chat template: prompts are plain text, the format's "
+              "instruction as their prefix (as Search-R1 prompts base models)", file=sys.stderr, flush=True)
 
 
 class ChatRenderer:
@@ -38,6 +52,8 @@ class ChatRenderer:
         self.tokenizer = tokenizer
         self.fmt = fmt
         self.uses_template = bool(use_chat_template and getattr(tokenizer, "chat_template", None))
+        if use_chat_template and not self.uses_template:
+            _say_plain_once(tokenizer)
         self.tool_messages = bool(getattr(fmt, "tool_messages", False))
         self.generation_prefix = getattr(fmt, "generation_prefix", "") or ""
         self.tools = getattr(fmt, "tools", None) if self.tool_messages else None

@@ -19,7 +19,8 @@ The model computes it through its own forward, so DDP, FSDP2 (which unshards the
 its forward) and peft see an ordinary call: :func:`scoring_head` replaces, for one call, the
 forward of the model's output layer, and the model returns ``[N, 2]`` (logprob, entropy) where it
 would return logits. Only for model families whose forward applies the output layer plainly (no
-soft-capping or scaling after it: ``PLAIN_HEAD_MODELS``) with a plain ``nn.Linear`` head;
+soft-capping or scaling after it: ``PLAIN_HEAD_MODELS``, and Gemma-3 without its optional final soft-cap) with a
+plain ``nn.Linear`` head;
 :func:`supports_chunked_head` says which. Precision: each chunk's matmul runs in the autocast dtype
 (as ``lm_head`` would under autocast), the softmax in float32.
 """
@@ -35,6 +36,9 @@ from sleuth.models import unwrap
 # model types whose causal-LM forward is ``lm_head(slice_logits_to_keep(hidden, logits_to_keep))`` and
 # nothing after it (read in transformers' modeling files); others compute full logits
 PLAIN_HEAD_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3", "smollm3", "olmo2"})
+# model types whose forward soft-caps the logits after ``lm_head`` only when ``config.final_logit_softcapping`` is
+# set (Gemma-3 leaves it None): plain when it is None
+SOFTCAP_HEAD_MODELS = frozenset({"gemma3_text"})
 CHUNK_ELEMENTS = 1 << 23  # C * V logits per chunk on a CPU (32 MB in float32): C = 170 for a 49k vocabulary
 # on a GPU a [C, V] block of 512 MB (C = 2,730 at a 49k vocabulary, 883 at 152k): the chunk's GEMMs
 # (K = C for the weight's gradient) fill the tensor cores, and the few blocks alive at once (about 3
@@ -162,7 +166,10 @@ def supports_chunked_head(model) -> bool:
     """Whether :func:`scoring_head` applies: a plain-head model family with an ``nn.Linear`` output layer."""
     inner = unwrap(model)
     config = getattr(inner, "config", None)
-    if getattr(config, "model_type", None) not in PLAIN_HEAD_MODELS or not hasattr(inner, "get_output_embeddings"):
+    kind = getattr(config, "model_type", None)
+    plain = kind in PLAIN_HEAD_MODELS or (kind in SOFTCAP_HEAD_MODELS
+                                          and getattr(config, "final_logit_softcapping", None) is None)
+    if not plain or not hasattr(inner, "get_output_embeddings"):
         return False
     head = inner.get_output_embeddings()
     return type(head) is torch.nn.Linear

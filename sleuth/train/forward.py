@@ -45,7 +45,7 @@ from sleuth.train.prefix_share import prefix_buckets, shared_split
 # model types whose decoder builds its attention mask with transformers' masking utilities from the
 # position ids when no attention mask is given (packed rows: a block-diagonal causal mask) and applies
 # rotary embeddings at those position ids (read in transformers' modeling files)
-PACKING_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3", "smollm3", "olmo2"})
+PACKING_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3", "smollm3", "olmo2", "gemma3_text"})
 PACKING_ATTENTION = frozenset({"eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention"})
 
 

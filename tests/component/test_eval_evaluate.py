@@ -204,3 +204,60 @@ def test_eval_cli_search_beside_no_search_baseline(tmp_path, monkeypatch, capsys
     assert not (tmp_path / "x").exists()
     assert main(base + ["--baseline", str(search), "--out", str(search)]) == 2
     assert "is this eval's own --out" in capsys.readouterr().err
+
+
+def test_rag_puts_the_questions_passages_in_the_prompt_and_answers_once():
+    """--rag: one search per question, its text the query, before the rollout; the top-k passages in the
+    prompt (rendered as an observation, cut to max_obs_tokens); no search turn is executed."""
+    from sleuth.eval.rag import RAG_INSTRUCTION, rag_passages
+    from sleuth.rollout.formats import normalize_question
+
+    tok = tiny_tokenizer()
+    seen = []
+
+    def script(context, turn):
+        seen.append(context)
+        return SCRIPT[0] if "Italy" in context else "<answer> Paris </answer>"
+
+    retr = Counting(InMemoryRetriever(CORPUS))
+    summary, rows = evaluate(None, tok, QUESTIONS, get_format("search_r1"), retr, CFG, topk=1, batch_size=3,
+                             rag=True, backend=ScriptedBackend(tok, script))
+    assert retr.calls == [[normalize_question(q.text) for q in QUESTIONS]]  # once, before the rollout
+    assert len(seen) == 3 and all(RAG_INSTRUCTION.split(";")[0] in c for c in seen)
+    assert "Paris is the capital and largest city of France." in seen[0] and "Rome is the capital" in seen[1]
+    assert [r["stop_reason"] for r in rows] == ["answered", "max_turns", "answered"]  # the search is not run
+    assert [r["searches"] for r in rows] == [0, 0, 0] and rows[1]["turns_detail"][0]["executed"] is False
+    assert summary["em"] == pytest.approx(2 / 3)
+    cut = rag_passages(QUESTIONS[:1], InMemoryRetriever(CORPUS), get_format("search_r1"), tok, k=3, max_tokens=8)
+    assert len(tok(cut["nq/test/1"], add_special_tokens=False)["input_ids"]) <= 8 + 4  # the cut, then "\n\n"
+    with pytest.raises(ValueError, match="two baselines"):
+        _run(3, no_search=True, rag=True)
+
+
+def test_eval_cli_rag_baseline_beside_the_search_run(tmp_path, monkeypatch, capsys):
+    import json
+
+    from sleuth.cli import main
+    from tests.helpers.tiny import tiny_model
+
+    monkeypatch.setenv("SLEUTH_CACHE", str(tmp_path / "cache"))
+    tok = tiny_tokenizer()
+    tiny_model(tok, seed=0).save_pretrained(tmp_path / "model")
+    tok.save_pretrained(tmp_path / "model")
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": p.id, "contents": f'"{p.title}"\n{p.text}'}) + "\n" for p in CORPUS))
+    data = tmp_path / "qa.jsonl"
+    data.write_text("".join(json.dumps({"id": f"q{i}", "question": q.text, "golden_answers": q.golden_answers,
+                                        "data_source": q.data_source}) + "\n" for i, q in enumerate(QUESTIONS)))
+    base = ["eval", "--model", str(tmp_path / "model"), "--data", str(data), "--corpus", str(corpus), "--topk", "2",
+            "--max-turns", "1", "--max-tokens-per-turn", "8", "--set", "rollout.max_obs_tokens=48", "--no-cache"]
+    assert main(base + ["--rag", "--no-search", "--out", str(tmp_path / "x")]) == 2
+    assert "--rag and --no-search are two baselines" in capsys.readouterr().err
+    assert main(base + ["--rag", "--out", str(tmp_path / "rag")]) == 0
+    rag = json.loads((tmp_path / "rag" / "results.json").read_text())
+    assert rag["setting"]["rag"] is True and rag["setting"]["max_turns"] == 0 and rag["setting"]["topk"] == 2
+    rows = [json.loads(x) for x in (tmp_path / "rag" / "trajectories.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and all(r["searches"] == 0 and "<information>" in r["prompt"]["text"] for r in rows)
+    assert main(base + ["--baseline", str(tmp_path / "rag"), "--out", str(tmp_path / "search")]) == 0
+    report = (tmp_path / "search" / "report.md").read_text()
+    assert "## Beside the baseline: search vs RAG" in report and "RAG (bm25, top-2 in the prompt)" in report

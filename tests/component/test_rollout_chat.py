@@ -157,3 +157,21 @@ class _NoToolTemplate:
         if any(m["role"] == "tool" for m in messages):
             raise RuntimeError("Conversation roles must alternate user/assistant")
         return self.tok.apply_chat_template(messages, **kw)
+
+
+def test_a_tokenizer_without_a_template_gets_plain_prompts_said_once(monkeypatch, capsys):
+    """A base model (no chat template): the instruction is the prompt's plain prefix, and the note that says
+    so is printed once however many renderers the run builds (one per rollout)."""
+    from sleuth.rollout import chat
+    from sleuth.rollout.formats import SEARCH_R1_INSTRUCTION, get_format
+    from sleuth.types import Question
+    from tests.helpers.tiny import tiny_tokenizer
+
+    monkeypatch.setattr(chat, "_SAID_PLAIN", set())
+    tok = tiny_tokenizer(chat_template=False)
+    q = Question("q1", "What is the capital of France", ("Paris",))
+    texts = [chat.ChatRenderer(tok, get_format("search_r1")).prompt(q)[1] for _ in range(3)]
+    assert texts[0] == texts[2] and texts[0].startswith(SEARCH_R1_INSTRUCTION.split("{")[0][:40])
+    assert capsys.readouterr().err.count("has no chat template: prompts are plain text") == 1
+    chat.ChatRenderer(tok, get_format("search_r1"), use_chat_template=False)  # asked for: no note
+    assert capsys.readouterr().err == ""
