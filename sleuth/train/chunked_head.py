@@ -162,14 +162,17 @@ def chunked_head_logprobs(hidden_NH: torch.Tensor, weight_VH: torch.Tensor, bias
                                bool(with_entropy))
 
 
+def plain_head(config) -> bool:
+    """Whether a model of this config applies its output layer plainly (nothing after ``lm_head``)."""
+    kind = getattr(config, "model_type", None)
+    return kind in PLAIN_HEAD_MODELS or (kind in SOFTCAP_HEAD_MODELS
+                                         and getattr(config, "final_logit_softcapping", None) is None)
+
+
 def supports_chunked_head(model) -> bool:
     """Whether :func:`scoring_head` applies: a plain-head model family with an ``nn.Linear`` output layer."""
     inner = unwrap(model)
-    config = getattr(inner, "config", None)
-    kind = getattr(config, "model_type", None)
-    plain = kind in PLAIN_HEAD_MODELS or (kind in SOFTCAP_HEAD_MODELS
-                                          and getattr(config, "final_logit_softcapping", None) is None)
-    if not plain or not hasattr(inner, "get_output_embeddings"):
+    if not plain_head(getattr(inner, "config", None)) or not hasattr(inner, "get_output_embeddings"):
         return False
     head = inner.get_output_embeddings()
     return type(head) is torch.nn.Linear

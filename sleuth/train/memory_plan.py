@@ -72,12 +72,14 @@ class ModelShape:
     head_dim: int
     vocab: int
     chunked_head: bool  # the update's output layer runs chunked (a Llama-family plain head)
+    sliding_layers: int = 0  # layers with sliding-window attention (Gemma-3: 5 of every 6)
+    window: int | None = None  # their window, in tokens
 
     @classmethod
     def from_config(cls, hf_config) -> ModelShape:
         from transformers import AutoModelForCausalLM
 
-        from sleuth.train.chunked_head import PLAIN_HEAD_MODELS  # lazy: memory_plan is imported by the loop
+        from sleuth.train.chunked_head import plain_head  # lazy: memory_plan is imported by the loop
 
         with torch.device("meta"):  # no memory, no weights: just the parameter shapes
             model = AutoModelForCausalLM.from_config(hf_config)
@@ -86,10 +88,11 @@ class ModelShape:
         heads = c.num_attention_heads
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
         kv_heads = getattr(c, "num_key_value_heads", None) or heads
+        sliding = sum(t == "sliding_attention" for t in getattr(c, "layer_types", None) or [])
         return cls(params=params, layers=c.num_hidden_layers, hidden=c.hidden_size,
                    intermediate=getattr(c, "intermediate_size", 4 * c.hidden_size), kv_dim=kv_heads * head_dim,
-                   heads=heads, head_dim=head_dim,
-                   vocab=c.vocab_size, chunked_head=getattr(c, "model_type", None) in PLAIN_HEAD_MODELS)
+                   heads=heads, head_dim=head_dim, vocab=c.vocab_size, chunked_head=plain_head(c),
+                   sliding_layers=sliding, window=getattr(c, "sliding_window", None) if sliding else None)
 
 
 def load_shape(cfg: Config) -> ModelShape:
@@ -285,15 +288,21 @@ def _generation_terms(plan: MemoryPlan, cfg: Config, shape: ModelShape, rows: in
         from sleuth.rollout.hf_static import bucket_shape  # lazy: only for compiled hf_static
 
         kv_rows, kv_width = bucket_shape(gen_rows, rc.max_context_tokens)
-    it["KV cache"] = kv_rows * kv_width * 2 * shape.layers * shape.kv_dim * DTYPE_BYTES[mc.dtype]
+    # sliding-window layers keep at most their window of keys/values (transformers' sliding cache layers)
+    slots = (shape.layers - shape.sliding_layers) * kv_width + shape.sliding_layers * min(kv_width, shape.window or 0)
+    it["KV cache"] = kv_rows * slots * 2 * shape.kv_dim * DTYPE_BYTES[mc.dtype]
     notes["KV cache"] = (f"{kv_rows} rows x {kv_width} tokens generating at once, K and V in {mc.dtype}"
+                         + (f"; {shape.sliding_layers} of {shape.layers} layers keep a {shape.window}-token window"
+                            if shape.sliding_layers else "")
                          + ("; compiled hf_static's pool, kept through the update" if pooled else ""))
     # HF backends, several rounds: each finished row's keys/values are copied out and kept for the next
     # round's prefill (rollout/hf_cache.PrefixStore) while the batch's cache still holds every row; at
     # the round boundary the store is still alive while the next round's buffers are assembled
-    it["prefix store"] = it["KV cache"] if rc.max_turns > 0 and rc.backend != "vllm" else 0.0
+    # (not for sliding-window caches: rollout/hf_cache.supports_reuse, no prefix is reused)
+    stored = rc.max_turns > 0 and rc.backend != "vllm" and not shape.sliding_layers
+    it["prefix store"] = it["KV cache"] if stored else 0.0
     notes["prefix store"] = ("finished rows' keys/values kept for the next round (as large as the KV cache)"
-                             if it["prefix store"] else "none (one round, or vLLM)")
+                             if stored else "none (one round, vLLM, or a sliding-window cache: no prefix reuse)")
     return pooled
 
 

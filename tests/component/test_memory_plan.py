@@ -275,3 +275,29 @@ def test_a_compiled_hf_static_pool_is_planned_at_its_bucket_and_through_the_upda
     pooled = make_plan(cfg, shape)
     assert pooled.items["KV cache"] == 8 * 512 * 2 * 4 * 64 * 2
     assert pooled.update == plain.update + pooled.items["KV cache"]
+
+
+def test_the_rollout_phase_of_a_tiny_gemma3_counts_its_sliding_windows_within_25_percent():
+    """Gemma-3: three of four layers keep an 8-token window of keys/values; the plan counts them so (a full
+    cache would be 4x the sliding layers' share) and no prefix store (no reuse of a sliding-window cache)."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                              num_attention_heads=4, num_key_value_heads=4, head_dim=16, sliding_window=8,
+                              layer_types=["sliding_attention"] * 3 + ["full_attention"], pad_token_id=0,
+                              max_position_embeddings=1024, attn_implementation="sdpa")
+    model = Gemma3ForCausalLM(config)
+    rows, context = 64, 96
+    cfg = _cfg("float32", rows, context)
+    cfg.rollout.max_context_tokens, cfg.rollout.group_size = context, rows
+    cfg.algo.kl_coef = 0.0
+    shape = ModelShape.from_config(model.config)
+    assert (shape.sliding_layers, shape.window) == (3, 8)
+    plan = make_plan(cfg, shape)
+    assert plan.items["KV cache"] == rows * (context + 3 * 8) * 2 * 64 * 4  # 1 full layer + 3 windows, float32
+    assert plan.items["prefix store"] == 0.0
+    cfg.rollout.max_turns = 0
+    plan = make_plan(cfg, shape)
+    measured = _measured_rollout_peak(model, rows, context)
+    assert plan.rollout == pytest.approx(measured, rel=0.25), (plan.rollout, measured, plan.table())
