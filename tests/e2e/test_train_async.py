@@ -90,10 +90,14 @@ def test_the_spawned_worker_gives_the_inline_schedules_run(world, tmp_path):
         assert torch.equal(p, q)
 
 
-def test_resume_with_batches_in_flight_neither_repeats_nor_loses_a_question(world, tmp_path):
+@pytest.mark.parametrize("sampling", [[], ["train.dynamic_sampling=true", "train.max_sampling_rounds=3"]],
+                         ids=["plain", "dynamic_sampling"])
+def test_resume_with_batches_in_flight_neither_repeats_nor_loses_a_question(world, tmp_path, sampling):
     """The checkpoint holds the cursor after the last trained batch; the batch the worker had ready is drawn
-    again after the resume, from the checkpoint's weights (staleness 0 where the uninterrupted run had 1)."""
-    extra = [*ONE_THREAD, "rollout.async_steps=1", "train.save_every=2"]
+    again after the resume, from the checkpoint's weights (staleness 0 where the uninterrupted run had 1).
+    With dynamic sampling the worker's rounds move the cursor; which groups it keeps after the resume depends on
+    the weights they were sampled from, so there only the steps before the stop are compared."""
+    extra = [*ONE_THREAD, "rollout.async_steps=1", "train.save_every=2", *sampling]
     full, part = tmp_path / "full", tmp_path / "part"
     assert main(_args(world, full, 4, extra)) == 0
     assert main(_args(world, part, 2, extra)) == 0
@@ -104,7 +108,10 @@ def test_resume_with_batches_in_flight_neither_repeats_nor_loses_a_question(worl
         assert {k: v for k, v in ra.items() if not k.startswith(("async/", "eval/"))} == \
             {k: v for k, v in rb.items() if not k.startswith(("async/", "eval/"))}
     asked = lambda out: [(s[0], s[1]) for s in _samples(out)]
-    assert sorted(set(asked(full))) == sorted(set(asked(part)))  # the same questions at the same steps
+    if not sampling:  # the same questions at the same steps (with dynamic sampling the kept groups depend on
+        assert sorted(set(asked(full))) == sorted(set(asked(part)))  # the weights, which differ after resume)
+    else:
+        assert sorted(set(asked(full)))[:4] == sorted(set(asked(part)))[:4]
     assert [r["async/staleness"] for r in b] == [0.0, 1.0, 0.0, 1.0]
     assert [r["async/staleness"] for r in a] == [0.0, 1.0, 1.0, 1.0]
 
