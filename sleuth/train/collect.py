@@ -66,9 +66,10 @@ def collect(step: int, *, sampler, engine, fmt, retriever, reward_fn, cfg, ctx, 
 
     if tc.dynamic_sampling:
         score = functools.partial(assign_rewards, reward_fn=reward_fn, search_cost=cfg.reward.search_cost)
-        trajs, metrics, mine, rewards = _rounds(roll, score, per_rank, tc.max_sampling_rounds, engine)
+        trajs, metrics, mine, rewards, drawn = _rounds(roll, score, per_rank, tc.max_sampling_rounds, engine)
     else:
         (trajs, metrics, mine), rewards = roll(), None
+        drawn = trajs
     rollout_s = time.perf_counter() - t0
     peaks.mark("rollout")
     rb = trajectories_to_batch(trajs, engine.tokenizer.pad_token_id)
@@ -84,7 +85,7 @@ def collect(step: int, *, sampler, engine, fmt, retriever, reward_fn, cfg, ctx, 
     metrics["rollout/invalid_rate"] = sum(t.num_invalid for t in trajs) / max(turns, 1)
     return ScoredBatch(trajs, mine, ids, att, mask, group_ids, torch.tensor(rewards, dtype=torch.float32, device=device),
                        rb.old_logprobs_BT.to(device), metrics, started=t0, rollout_s=rollout_s,
-                       guide=guide.rows_for(trajs) if guide is not None else None)
+                       guide=guide.rows_for(drawn) if guide is not None else None)
 
 
 def _rounds(roll, score, per_rank: int, max_rounds: int, engine):
@@ -92,7 +93,9 @@ def _rounds(roll, score, per_rank: int, max_rounds: int, engine):
     (every rank runs as many rounds as the rank that needs the most: generation is a collective under FSDP
     and tensor-parallel vLLM). Groups past the target, of a question already held, or without variance are
     dropped; short of the target after ``max_rounds``, groups without variance fill the step. The reward and
-    group figures describe every drawn trajectory (the policy as sampled), ``sampling/*`` what was kept."""
+    group figures describe every drawn trajectory (the policy as sampled), ``sampling/*`` what was kept. Also
+    returns every drawn trajectory: guidance (``algo.guide_coef``) takes the groups that all failed from them,
+    the very groups dynamic sampling drops (their transcripts cost one supervised pass, not the group's)."""
     kept: dict[str, list[Trajectory]] = {}
     spare: dict[str, list[Trajectory]] = {}
     drawn_trajs: list[Trajectory] = []
@@ -137,7 +140,7 @@ def _rounds(roll, score, per_rank: int, max_rounds: int, engine):
                     "sampling/kept_groups": float(len(kept)), "sampling/filled_groups": float(filled),
                     "sampling/dropped_groups": float(drawn - len(kept))})
     by_id = {q.id: q for q in mine_all}
-    return trajs, metrics, [by_id[qid] for qid in kept if qid in by_id], rewards
+    return trajs, metrics, [by_id[qid] for qid in kept if qid in by_id], rewards, drawn_trajs
 
 
 def _merge_rounds(rounds: list[dict]) -> dict[str, float]:

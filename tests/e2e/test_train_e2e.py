@@ -364,6 +364,16 @@ def test_guidance_adds_the_transcripts_of_the_groups_that_all_failed(world, tmp_
         assert metrics["guide/loss"] > 0
     with pytest.raises(ConfigError, match="algo.guide_coef > 0 needs algo.guide_files"):
         _trainer(world, tmp_path / "none", ["algo.guide_coef=0.5"])
+    # with dynamic sampling: the transcripts of every drawn group that all failed (the groups it drops)
+    trainer = _trainer(world, tmp_path / "ds", ["algo.guide_coef=0.5", f"algo.guide_files=[{tmp_path / 'gold.jsonl'}]",
+                                                "algo.kl_coef=0", "train.dynamic_sampling=true",
+                                                "train.max_sampling_rounds=3"])
+    metrics, trajs = trainer.train_step()
+    drawn_failed = round(metrics["groups/count"] * (1 - metrics["groups/pass_at_g"]))
+    assert metrics.get("guide/rows", 0.0) == drawn_failed
+    kept_failed = sum(all(answer_scores(t).em == 0.0 for t in trajs if t.question.id == q)
+                      for q in {t.question.id for t in trajs})
+    assert drawn_failed > kept_failed, (drawn_failed, kept_failed)  # some dropped groups guided
 
 
 def _trainer(world, out, extra=()):
