@@ -167,6 +167,8 @@ def worker_main(cfg, out, cursor, start, first_step, last_step, slots, queue, st
     worker = None
     try:
         worker = RolloutWorker(cfg, out, cursor=cursor, start=start, slots=slots, alive=alive)
+        if threads:
+            torch.set_num_threads(threads)  # again: loading the embedded tiny model sets its own
         for step in range(first_step, last_step + 1):
             if not alive():
                 break

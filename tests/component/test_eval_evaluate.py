@@ -78,14 +78,19 @@ def test_retrieval_is_batched_and_deduplicated_per_round():
     assert retr.calls == [["capital of France"]]  # 3 rows, one round, one distinct query
 
 
-def test_no_search_never_calls_the_retriever_and_stops_a_search():
-    tok = tiny_tokenizer()
-    seen = []
-
+def _searches_for_italy(seen: list):
+    """A scripted policy that searches on the Italy question and answers Paris elsewhere, recording contexts."""
     def script(context, turn):
         seen.append(context)
         return SCRIPT[0] if "Italy" in context else "<answer> Paris </answer>"
 
+    return script
+
+
+def test_no_search_never_calls_the_retriever_and_stops_a_search():
+    tok = tiny_tokenizer()
+    seen = []
+    script = _searches_for_italy(seen)
     retr = Counting(InMemoryRetriever(CORPUS))
     summary, rows = evaluate(None, tok, QUESTIONS, get_format("search_r1"), retr, CFG, topk=1, batch_size=3,
                              no_search=True, backend=ScriptedBackend(tok, script))
@@ -214,11 +219,7 @@ def test_rag_puts_the_questions_passages_in_the_prompt_and_answers_once():
 
     tok = tiny_tokenizer()
     seen = []
-
-    def script(context, turn):
-        seen.append(context)
-        return SCRIPT[0] if "Italy" in context else "<answer> Paris </answer>"
-
+    script = _searches_for_italy(seen)
     retr = Counting(InMemoryRetriever(CORPUS))
     summary, rows = evaluate(None, tok, QUESTIONS, get_format("search_r1"), retr, CFG, topk=1, batch_size=3,
                              rag=True, backend=ScriptedBackend(tok, script))

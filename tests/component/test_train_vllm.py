@@ -9,6 +9,7 @@ that disagrees with the trainer by a known amount, so the truncated importance w
 trainer's (a stub still holding its random weights would give ratios far from that).
 """
 
+import contextlib
 import json
 import math
 import sys
@@ -62,6 +63,21 @@ def world(tmp_path_factory):
     return root
 
 
+@contextlib.contextmanager
+def _stubbed_vllm(recording_update, recording_tis):
+    """The stub vLLM module in place (a CUDA device pretended), the update and TIS weights recorded."""
+    import sleuth.train.learn as learn
+    import sleuth.train.update as update
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setitem(sys.modules, "vllm", stub_vllm_module())
+        mp.setattr(vllm_backend, "cuda_available", lambda: True)
+        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        mp.setattr(learn, "policy_update", recording_update)
+        mp.setattr(update, "tis_weights", recording_tis)
+        yield
+
+
 @pytest.fixture(scope="module")
 def run(world, tmp_path_factory):
     """One 2-step run; records the policy after each update, the pushes, and every TIS call."""
@@ -84,12 +100,7 @@ def run(world, tmp_path_factory):
         rec["tis"][-1].append((sampler_BT.clone(), mask_BT.clone(), w_BT.clone()))
         return w_BT
 
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(sys.modules, "vllm", stub_vllm_module())
-        mp.setattr(vllm_backend, "cuda_available", lambda: True)
-        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        mp.setattr(learn, "policy_update", recording_update)
-        mp.setattr(update, "tis_weights", recording_tis)
+    with _stubbed_vllm(recording_update, recording_tis):
         trainer = loop.Trainer(make_config(world), tmp_path_factory.mktemp("run"), progress=False)
         rec["initial"] = {n: t.detach().clone() for n, t in trainer.policy.state_dict().items()}
         rec["metrics"] = trainer.run()
@@ -270,12 +281,7 @@ def test_async_rollouts_push_each_weights_version_into_the_workers_engine(world,
         tis.append((len(after), w_BT[mask_BT.bool()].clone()))
         return w_BT
 
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setitem(sys.modules, "vllm", stub_vllm_module())
-        mp.setattr(vllm_backend, "cuda_available", lambda: True)
-        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        mp.setattr(learn, "policy_update", recording_update)
-        mp.setattr(update, "tis_weights", recording_tis)
+    with _stubbed_vllm(recording_update, recording_tis):
         cfg = make_config(world, train__total_steps=3, rollout__async_steps=1, rollout__async_worker="inline")
         trainer = loop.Trainer(cfg, tmp_path / "run", progress=False)
         initial = {n: t.detach().clone() for n, t in trainer.policy.state_dict().items()}

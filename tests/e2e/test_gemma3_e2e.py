@@ -9,12 +9,10 @@ import pytest
 
 from sleuth.cli import main
 from tests.component.test_gemma3_arch import tiny_gemma3
+from tests.e2e.test_train_e2e import ANSWERS, write_world_files
 from tests.helpers.tiny import tiny_tokenizer
 
 pytestmark = pytest.mark.e2e
-
-ANSWERS = ["Paris", "Rome", "Berlin", "Madrid"]
-
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
@@ -22,13 +20,8 @@ def world(tmp_path_factory):
     tok = tiny_tokenizer()
     tiny_gemma3(tok).save_pretrained(root / "model")
     tok.save_pretrained(root / "model")
-    with open(root / "corpus.jsonl", "w") as f:
-        for i, a in enumerate(ANSWERS):
-            f.write(json.dumps({"id": str(i), "contents": f'"{a}"\n{a} is a capital city.'}) + "\n")
-    with open(root / "train.jsonl", "w") as f:
-        for i in range(8):
-            f.write(json.dumps({"id": str(i), "question": f"What is {ANSWERS[i % 4]} known as ({i})",
-                                "golden_answers": [ANSWERS[i % 4]], "data_source": "toy"}) + "\n")
+    answers = [ANSWERS[i % 4] for i in range(8)]
+    write_world_files(root, lambda i: f"What is {answers[i]} known as ({i})", answers)
     return root
 
 

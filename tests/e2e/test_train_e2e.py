@@ -37,14 +37,19 @@ def world(tmp_path_factory):
     teach(model, tok, texts, steps=80)
     model.save_pretrained(root / "model")
     tok.save_pretrained(root / "model")
+    write_world_files(root, lambda i: "What is the capital of France", [ANSWERS[i % 2] for i in range(8)])
+    return root
+
+
+def write_world_files(root, question, answers):
+    """``corpus.jsonl`` (one passage per capital) and ``train.jsonl`` (question ``question(i)``, gold ``answers[i]``)."""
     with open(root / "corpus.jsonl", "w") as f:
         for i, a in enumerate(ANSWERS):
             f.write(json.dumps({"id": str(i), "contents": f'"{a}"\n{a} is a capital city.'}) + "\n")
     with open(root / "train.jsonl", "w") as f:
-        for i in range(8):
-            f.write(json.dumps({"id": str(i), "question": "What is the capital of France",
-                                "golden_answers": [ANSWERS[i % 2]], "data_source": "toy"}) + "\n")
-    return root
+        for i, a in enumerate(answers):
+            f.write(json.dumps({"id": str(i), "question": question(i), "golden_answers": [a],
+                                "data_source": "toy"}) + "\n")
 
 
 def _args(world, out, steps, extra=()):
