@@ -87,13 +87,17 @@ def _searches_for_italy(seen: list):
     return script
 
 
-def test_no_search_never_calls_the_retriever_and_stops_a_search():
-    tok = tiny_tokenizer()
-    seen = []
-    script = _searches_for_italy(seen)
+def _baseline_run(**kw):
+    """A baseline eval (``no_search`` or ``rag``) of the scripted policy: ``(contexts, retriever, summary, rows)``."""
+    tok, seen = tiny_tokenizer(), []
     retr = Counting(InMemoryRetriever(CORPUS))
     summary, rows = evaluate(None, tok, QUESTIONS, get_format("search_r1"), retr, CFG, topk=1, batch_size=3,
-                             no_search=True, backend=ScriptedBackend(tok, script))
+                             backend=ScriptedBackend(tok, _searches_for_italy(seen)), **kw)
+    return seen, retr, summary, rows
+
+
+def test_no_search_never_calls_the_retriever_and_stops_a_search():
+    seen, retr, summary, rows = _baseline_run(no_search=True)
     assert retr.calls == []
     assert all("no search engine is available" in c for c in seen)  # the direct-answer prompt
     assert [r["stop_reason"] for r in rows] == ["answered", "max_turns", "answered"]
@@ -141,13 +145,10 @@ def test_disk_cache_does_not_store_failures(tmp_path):
     assert inner.calls == [["q"]]
 
 
-def test_eval_cli_search_beside_no_search_baseline(tmp_path, monkeypatch, capsys):
-    """Both passes of ``sleuth eval`` with the tiny test model on four questions: the no-search
-    baseline, then the search run with ``--baseline``; the report and results.json put the
-    baseline's figures (as recorded in its directory) beside this run's."""
+def _cli_world(tmp_path, monkeypatch):
+    """The tiny test model in ``tmp_path/model`` and the corpus file (returned); the BM25 cache under tmp_path."""
     import json
 
-    from sleuth.cli import main
     from tests.helpers.tiny import tiny_model
 
     monkeypatch.setenv("SLEUTH_CACHE", str(tmp_path / "cache"))  # the on-the-fly BM25 index goes here
@@ -156,6 +157,18 @@ def test_eval_cli_search_beside_no_search_baseline(tmp_path, monkeypatch, capsys
     tok.save_pretrained(tmp_path / "model")
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join(json.dumps({"id": p.id, "contents": f'"{p.title}"\n{p.text}'}) + "\n" for p in CORPUS))
+    return corpus
+
+
+def test_eval_cli_search_beside_no_search_baseline(tmp_path, monkeypatch, capsys):
+    """Both passes of ``sleuth eval`` with the tiny test model on four questions: the no-search
+    baseline, then the search run with ``--baseline``; the report and results.json put the
+    baseline's figures (as recorded in its directory) beside this run's."""
+    import json
+
+    from sleuth.cli import main
+
+    corpus = _cli_world(tmp_path, monkeypatch)
     data = tmp_path / "qa.jsonl"
     sources = ["nq", "nq", "hotpotqa", "hotpotqa"]
     data.write_text("".join(json.dumps({"id": f"q{i}", "question": q.text, "golden_answers": q.golden_answers,
@@ -217,12 +230,8 @@ def test_rag_puts_the_questions_passages_in_the_prompt_and_answers_once():
     from sleuth.eval.rag import RAG_INSTRUCTION, rag_passages
     from sleuth.rollout.formats import normalize_question
 
+    seen, retr, summary, rows = _baseline_run(rag=True)
     tok = tiny_tokenizer()
-    seen = []
-    script = _searches_for_italy(seen)
-    retr = Counting(InMemoryRetriever(CORPUS))
-    summary, rows = evaluate(None, tok, QUESTIONS, get_format("search_r1"), retr, CFG, topk=1, batch_size=3,
-                             rag=True, backend=ScriptedBackend(tok, script))
     assert retr.calls == [[normalize_question(q.text) for q in QUESTIONS]]  # once, before the rollout
     assert len(seen) == 3 and all(RAG_INSTRUCTION.split(";")[0] in c for c in seen)
     assert "Paris is the capital and largest city of France." in seen[0] and "Rome is the capital" in seen[1]
@@ -239,14 +248,8 @@ def test_eval_cli_rag_baseline_beside_the_search_run(tmp_path, monkeypatch, caps
     import json
 
     from sleuth.cli import main
-    from tests.helpers.tiny import tiny_model
 
-    monkeypatch.setenv("SLEUTH_CACHE", str(tmp_path / "cache"))
-    tok = tiny_tokenizer()
-    tiny_model(tok, seed=0).save_pretrained(tmp_path / "model")
-    tok.save_pretrained(tmp_path / "model")
-    corpus = tmp_path / "corpus.jsonl"
-    corpus.write_text("".join(json.dumps({"id": p.id, "contents": f'"{p.title}"\n{p.text}'}) + "\n" for p in CORPUS))
+    corpus = _cli_world(tmp_path, monkeypatch)
     data = tmp_path / "qa.jsonl"
     data.write_text("".join(json.dumps({"id": f"q{i}", "question": q.text, "golden_answers": q.golden_answers,
                                         "data_source": q.data_source}) + "\n" for i, q in enumerate(QUESTIONS)))
