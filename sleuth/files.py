@@ -39,3 +39,8 @@ def write_text_atomic(path: Path, text: str) -> None:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     fsync_path(path.parent)
+
+
+def cache_root() -> Path:
+    """Sleuth's cache directory: ``$SLEUTH_CACHE``, or ``~/.cache/sleuth`` when it is unset or empty."""
+    return Path(os.environ.get("SLEUTH_CACHE") or Path.home() / ".cache" / "sleuth").expanduser()

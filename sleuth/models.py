@@ -20,6 +20,7 @@ import torch
 
 from sleuth.device import check_device
 from sleuth.errors import ConfigError, ModelError
+from sleuth.files import cache_root
 from sleuth.named import model_dir
 from sleuth.run_layout import previous_checkpoint
 
@@ -91,7 +92,7 @@ def gemma3_gguf() -> Path | None:
         pkg = importlib.import_module(GEMMA3_PACKAGE)
     except ImportError:
         return None
-    cache = Path(os.environ.get("SLEUTH_CACHE") or Path.home() / ".cache" / "sleuth").expanduser() / "models"
+    cache = cache_root() / "models"
     target = cache / pkg.MODEL_NAME
     if not target.exists():
         cache.mkdir(parents=True, exist_ok=True)

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import os
 from pathlib import Path
 
 from sleuth.errors import ConfigError, UserError
+from sleuth.files import cache_root
 from sleuth.retrieval.index import META_FILE, read_meta
 from sleuth.rollout.formats import ProtocolFormat, get_format
 
@@ -133,7 +133,7 @@ def open_retriever(args, desc: dict, *, cache: bool = False, cache_dir: str | No
                 else "--corpus")
         probe_retriever(retriever, Config(retrieval=cfg), fix=flag)
     if cache and desc.get("fingerprint"):
-        root = Path(cache_dir or os.environ.get("SLEUTH_CACHE", Path.home() / ".cache" / "sleuth"))
+        root = Path(cache_dir) if cache_dir else cache_root()
         retriever = DiskCachedRetriever(retriever, root / "retrieval_cache.sqlite", desc["fingerprint"])
     return retriever
 

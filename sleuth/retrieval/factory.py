@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import uuid
 from pathlib import Path
 
 from sleuth.config import RetrievalConfig
 from sleuth.errors import ConfigError
+from sleuth.files import cache_root
 from sleuth.retrieval.base import Retriever
 from sleuth.retrieval.client import RemoteRetriever
 from sleuth.retrieval.corpus import parse_row
@@ -17,10 +17,6 @@ from sleuth.retrieval.index import META_FILE, build_index, load_index
 from sleuth.retrieval.memory import InMemoryRetriever
 from sleuth.retrieval.web import make_web_retriever
 from sleuth.types import Passage
-
-
-def _cache_dir() -> Path:
-    return Path(os.environ.get("SLEUTH_CACHE", Path.home() / ".cache" / "sleuth"))
 
 
 def _file_digest(path: Path) -> str:
@@ -47,7 +43,7 @@ def bm25_for_corpus(corpus: str | Path, *, show_progress: bool = False) -> Retri
     corpus = Path(corpus)
     if not corpus.is_file():
         raise FileNotFoundError(f"retrieval.corpus {corpus} does not exist")
-    out = _cache_dir() / "indexes" / f"bm25-{_file_digest(corpus)}"
+    out = cache_root() / "indexes" / f"bm25-{_file_digest(corpus)}"
     if not (out / META_FILE).exists():
         # Built aside and published by one rename: processes that start together (torchrun ranks,
         # parallel runs) never read a half-written index, whoever wins the race.

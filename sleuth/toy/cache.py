@@ -11,7 +11,7 @@ import os
 import shutil
 from pathlib import Path
 
-from sleuth.toy.corpus import cache_root
+from sleuth.files import cache_root
 from sleuth.toy.pretrain import pretrain_tiny
 from sleuth.toy.specs import PretrainSpec, TinyModelSpec, cache_key
 from sleuth.toy.world import World, generate_world

@@ -3,19 +3,15 @@ search the pretraining transcripts draw their observations from (the same BM25 i
 
 from __future__ import annotations
 
-import os
 import shutil
 import uuid
 from pathlib import Path
 
+from sleuth.files import cache_root
 from sleuth.retrieval.factory import bm25_for_corpus
 from sleuth.toy.world import World, generate_world
 from sleuth.types import Passage
 
-
-def cache_root() -> Path:
-    """``$SLEUTH_CACHE`` or ``~/.cache/sleuth``."""
-    return Path(os.environ.get("SLEUTH_CACHE") or Path.home() / ".cache" / "sleuth").expanduser()
 
 def config_world(cfg) -> World:
     """The toy world a config names (``data.world_seed``, ``data.world_entities``): what the data

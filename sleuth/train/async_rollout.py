@@ -76,8 +76,7 @@ class AsyncRollouts:
         assert version == version_for(step, self.n, self.start), (step, version)
         staleness = step - 1 - version
         assert 0 <= staleness <= self.n, (step, version)
-        for name in ("input_ids_BT", "attention_mask_BT", "loss_mask_BT", "scores_B", "sampler_logprobs_BT"):
-            setattr(b, name, getattr(b, name).to(self.device))
+        b.to(self.device)
         b.metrics.update({"async/staleness": float(staleness), "async/trainer_wait_s": waited,
                           "async/dropped_batches": 0.0})
         b.started, b.rollout_s = t0, waited  # perf/step_s and perf/train_s: the trainer's own clock

@@ -49,6 +49,12 @@ class ScoredBatch:
     cursor: dict | None = None  # rollout.async_steps: the question sampler's cursor after this batch's draws
     rollout_s: float = 0.0
 
+    def to(self, device) -> ScoredBatch:
+        """The batch with its tensors on ``device`` (in place; asynchronous rollouts cross processes on the CPU)."""
+        for name in ("input_ids_BT", "attention_mask_BT", "loss_mask_BT", "scores_B", "sampler_logprobs_BT"):
+            setattr(self, name, getattr(self, name).to(device))
+        return self
+
 
 def collect(step: int, *, sampler, engine, fmt, retriever, reward_fn, cfg, ctx, peaks, latest_checkpoint,
             guide=None) -> ScoredBatch:

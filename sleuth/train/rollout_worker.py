@@ -145,13 +145,6 @@ class RolloutWorker:
         self.engine.close()
 
 
-def on_cpu(b: ScoredBatch) -> ScoredBatch:
-    """``b`` with its tensors in CPU memory (what crosses the process boundary)."""
-    for name in ("input_ids_BT", "attention_mask_BT", "loss_mask_BT", "scores_B", "sampler_logprobs_BT"):
-        setattr(b, name, getattr(b, name).cpu())
-    return b
-
-
 def worker_main(cfg, out, cursor, start, first_step, last_step, slots, queue, stop, parent_pid, registrars,
                 threads) -> None:
     """The spawned process: batches ``first_step..last_step`` into ``queue`` (each as ``("batch", step, b)``),
@@ -172,7 +165,7 @@ def worker_main(cfg, out, cursor, start, first_step, last_step, slots, queue, st
         for step in range(first_step, last_step + 1):
             if not alive():
                 break
-            queue.put(("batch", step, on_cpu(worker.batch(step))))
+            queue.put(("batch", step, worker.batch(step).to("cpu")))
         while alive():  # the queue's tensors live in this process's shared memory until they are read
             stop.wait(POLL_S)
     except BaseException as e:  # noqa: BLE001 - everything goes to the trainer, which raises it
