@@ -12,7 +12,8 @@ depend on which other rows share its batch. The loop is short:
    until a quarter of the batch has finished (``COMPACT_AT``); then they leave the batch and the
    cache (``batch_select_indices``, one copy of the cache rather than one per finished row).
 
-Prefix reuse (``reuse_prefix=True``; models with plain full-attention caches, see ``hf_cache``):
+Prefix reuse (``reuse_prefix=True``; models with plain full-attention caches, or full and sliding-window
+layers under sdpa/eager attention with a mask per layer kind, see ``hf_cache``):
 
 * within one call, prompts that share a long common prefix (the instruction every question
   starts with, the G copies of a prompt) prefill it once, batch size 1;
@@ -47,7 +48,17 @@ from sleuth.rollout.backends import (
     check_prompts,
     row_caps,
 )
-from sleuth.rollout.hf_cache import KV, PrefixStore, assemble, row_kv, slot_cache, supports_reuse
+from sleuth.rollout.hf_cache import (
+    KV,
+    PrefixStore,
+    assemble,
+    decode_window_masks,
+    row_kv,
+    sliding_window,
+    slot_cache,
+    supports_slot_cache,
+    window_masks,
+)
 
 
 def sample_next(
@@ -108,10 +119,14 @@ class HFBackend:
         self.eos_token_ids = list(eos_token_ids)
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else (self.eos_token_ids[0] if self.eos_token_ids else 0)
-        self.reuse_prefix = reuse_prefix and supports_reuse(model)
+        self.reuse_prefix = reuse_prefix and supports_slot_cache(model)
         self._store: PrefixStore | None = None
+        attn = getattr(model.config, "_attn_implementation", None)
         # decode steps pass the (B, 1, 1, W) boolean mask SDPA takes instead of having it rebuilt
-        self._mask_4d = self.reuse_prefix and getattr(model.config, "_attn_implementation", None) == "sdpa"
+        self._mask_4d = self.reuse_prefix and attn == "sdpa"
+        # sliding-window layers over slot buffers: every forward gets a mask per layer kind (hf_cache)
+        self._window = sliding_window(model) if self.reuse_prefix else None
+        self._eager = attn == "eager"
         self._could_stop: dict[tuple[str, ...], dict[int, bool]] = {}
         self._cache_kw = cache_kwarg(model)
 
@@ -189,7 +204,10 @@ class HFBackend:
                 live = list(range(len(keep)))
             mask_BW[:, width] = 1  # the slot the new tokens go to
             width += 1
-            mask = mask_BW[:, None, None, :width] if self._mask_4d else mask_BW[:, :width]
+            if self._window is not None:
+                mask = decode_window_masks(mask_BW[:, :width], self._window, self._additive_dtype())
+            else:
+                mask = mask_BW[:, None, None, :width] if self._mask_4d else mask_BW[:, :width]
             out = self.model(
                 input_ids=tokens_B[:, None], attention_mask=mask, position_ids=next_pos_B[:, None],
                 use_cache=True, **{self._cache_kw: cache},
@@ -250,8 +268,11 @@ class HFBackend:
         in_new_BW = (slot_W >= P + N - new_B1) & (slot_W < P + N)
         mask_BW = in_prefix_BW | in_new_BW
         pos_BN = (len_B1 + torch.arange(N, device=dev) - (N - new_B1)).clamp(min=0)
+        mask = mask_BW[:, : P + N]
+        if self._window is not None:
+            mask = window_masks(mask, torch.arange(P, P + N, device=dev), self._window, self._additive_dtype())
         out = self.model(
-            input_ids=ids_BN, attention_mask=mask_BW[:, : P + N], position_ids=pos_BN,
+            input_ids=ids_BN, attention_mask=mask, position_ids=pos_BN,
             use_cache=True, logits_to_keep=1, **{self._cache_kw: cache},
         )  # fmt: skip
         return cache, mask_BW, P + N, (len_B1 + new_B1).squeeze(1), out.logits[:, -1]
@@ -282,12 +303,20 @@ class HFBackend:
 
     def _prefix_kv(self, ids: list[int]) -> KV:
         """Keys/values of one token sequence (batch of one, no padding)."""
-        cache = DynamicCache(config=self.model.config)
         ids_1L = torch.tensor([ids], dtype=torch.long, device=self.device)
         pos_1L = torch.arange(len(ids), device=self.device)[None]
-        self.model(input_ids=ids_1L, position_ids=pos_1L, use_cache=True, logits_to_keep=1,
+        cache, mask = DynamicCache(config=self.model.config), None
+        if self._window is not None:  # every layer keeps every key (a sliding layer would drop the oldest)
+            cache = slot_cache(self.model, len(ids), None, 0)
+            mask = window_masks(torch.ones_like(ids_1L, dtype=torch.bool), pos_1L[0], self._window,
+                                self._additive_dtype())
+        self.model(input_ids=ids_1L, attention_mask=mask, position_ids=pos_1L, use_cache=True, logits_to_keep=1,
                    **{self._cache_kw: cache})  # fmt: skip
         return [(layer.keys[0], layer.values[0]) for layer in cache.layers]
+
+    def _additive_dtype(self):
+        """Eager attention adds its mask to the scores (in the weights' dtype); sdpa takes booleans."""
+        return next(self.model.parameters()).dtype if self._eager else None
 
     def _stash(self, cache, mask_BL, done: list[tuple[int, int]], prompts, results) -> None:
         """Keep the keys/values of the rows that finished (``(batch position, row)`` pairs), keyed by

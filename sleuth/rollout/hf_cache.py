@@ -18,11 +18,17 @@ multi-round generation (the agent loop: prompt, turn, observation, turn, ...):
   slot, and every valid prefix slot precedes every new slot, so attention is exactly that of the
   unpadded row.
 
-Only models whose cache is all plain full-attention layers are eligible (:func:`supports_reuse`);
-others (sliding windows, linear attention, hybrids) run the plain ``DynamicCache`` path.
+Eligible: models whose cache is all plain full-attention layers (:func:`supports_reuse`), and
+models that mix full-attention and sliding-window layers (Gemma-3; :func:`sliding_window`) under sdpa
+or eager attention. Their sliding layers get full slot buffers too and the backend passes each layer
+kind its own mask (:func:`window_masks`): a key is seen when it is within the window by *position*,
+which a slot layout with padding between a prefix and the new tokens does not give by slot distance.
+Others (linear attention, other hybrids, flash attention) run the plain ``DynamicCache`` path.
 """
 
 from __future__ import annotations
+
+import inspect
 
 import torch
 from transformers import DynamicCache
@@ -38,6 +44,69 @@ def supports_reuse(model) -> bool:
     except Exception:  # a config the cache cannot read: stay on the generic path
         return False
     return bool(cache.layers) and all(type(layer) is DynamicLayer for layer in cache.layers)
+
+
+def sliding_window(model) -> int | None:
+    """The window of a model whose cache mixes plain full-attention and sliding-window layers and whose
+    forward takes prepared masks per layer kind (``attention_mask`` as a ``{"full_attention": ...,
+    "sliding_attention": ...}`` dict, transformers' convention for such models), under sdpa or eager
+    attention; None for any other model (plain full attention included)."""
+    from transformers.cache_utils import DynamicSlidingWindowLayer
+
+    config = getattr(model, "config", None)
+    kinds = set(getattr(config, "layer_types", None) or [])
+    window = getattr(config, "sliding_window", None)
+    if kinds != {"full_attention", "sliding_attention"} or not isinstance(window, int) or window < 1:
+        return None
+    if getattr(config, "_attn_implementation", None) not in ("sdpa", "eager"):
+        return None
+    try:
+        cache = DynamicCache(config=config)
+        decoder = model.get_decoder()
+        takes_dict = "attention_mask, dict)" in inspect.getsource(type(decoder).forward)
+    except Exception:  # noqa: BLE001 - a config or model these cannot read: stay on the generic path
+        return None
+    layers_ok = all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in cache.layers)
+    return window if cache.layers and layers_ok and takes_dict else None
+
+
+def supports_slot_cache(model) -> bool:
+    """Whether the backend can run ``model`` over :class:`SlotLayer` buffers (prefix reuse, hf_static):
+    plain full attention, or full and sliding-window layers with masks we build (:func:`sliding_window`)."""
+    return supports_reuse(model) or sliding_window(model) is not None
+
+
+def window_masks(valid_BW: torch.Tensor, q_slots_N: torch.Tensor, window: int, dtype=None) -> dict:
+    """Per layer kind, the ``(B, 1, N, W)`` attention masks of queries at slots ``q_slots_N`` (the same
+    for every row) over a slot layout whose valid slots ``valid_BW`` hold each row's tokens in order
+    (a slot's position is the number of valid slots before it). Full attention: valid keys at or before
+    the query's slot; sliding: of those, the keys less than ``window`` positions behind the query (the
+    window counts the query itself, as transformers' ``sliding_window_overlay``). A query always sees its
+    own slot, so a padding query is never fully masked (its output is never read; a fully masked row
+    would give NaN keys/values in the next layer). Boolean (sdpa) or, with ``dtype``, additive (eager)."""
+    pos_BW = valid_BW.long().cumsum(-1) - 1
+    W = valid_BW.shape[1]
+    slot_W = torch.arange(W, device=valid_BW.device)
+    own_NW = slot_W[None, :] == q_slots_N[:, None]
+    full_BNW = (valid_BW[:, None, :] & (slot_W[None, :] <= q_slots_N[:, None])[None]) | own_NW[None]
+    near_BNW = pos_BW[:, None, :] > pos_BW[:, q_slots_N, None] - window
+    masks = {"full_attention": full_BNW[:, None], "sliding_attention": ((full_BNW & near_BNW) | own_NW[None])[:, None]}
+    return masks if dtype is None else {k: additive(m, dtype) for k, m in masks.items()}
+
+
+def additive(mask: torch.Tensor, dtype) -> torch.Tensor:
+    """A boolean attention mask as eager attention adds it to its scores: 0 where seen, the dtype's minimum elsewhere."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, torch.finfo(dtype).min)
+
+
+def decode_window_masks(valid_BW: torch.Tensor, window: int, dtype=None) -> dict:
+    """:func:`window_masks` for one decode step whose query is each row's last valid slot (its new token,
+    already marked valid), at shapes that do not depend on the slot (hf_static's compiled step)."""
+    pos_BW = valid_BW.long().cumsum(-1) - 1
+    last_B1 = valid_BW.long().sum(-1, keepdim=True) - 1
+    masks = {"full_attention": valid_BW[:, None, None, :],
+             "sliding_attention": (valid_BW & (pos_BW > last_B1 - window))[:, None, None, :]}
+    return masks if dtype is None else {k: additive(m, dtype) for k, m in masks.items()}
 
 
 class SlotLayer(DynamicLayer):

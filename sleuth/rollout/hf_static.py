@@ -51,7 +51,7 @@ import torch
 from sleuth.errors import ConfigError
 from sleuth.rollout.backends import SamplingParams
 from sleuth.rollout.hf_backend import COMPACT_AT, HFBackend, sample_next
-from sleuth.rollout.hf_cache import KV, assemble, slot_cache
+from sleuth.rollout.hf_cache import KV, additive, assemble, decode_window_masks, slot_cache
 
 M32 = 0xFFFFFFFF
 WIDTH_MULTIPLE = 256  # compiled: the KV width is rounded up to a multiple of this many slots
@@ -129,14 +129,14 @@ class StaticHFBackend(HFBackend):
                  compile_mode: str | None = None, compile_backend: str | None = None,
                  width_multiple: int = WIDTH_MULTIPLE):  # fmt: skip
         super().__init__(model, tokenizer, eos_token_ids, reuse_prefix=True)
-        if not self.reuse_prefix:
-            raise ConfigError(f"rollout.backend=hf_static needs a model whose cache is plain full-attention layers; "
-                              f"{type(model).__name__} has another kind: use rollout.backend=hf")
         attn = getattr(model.config, "_attn_implementation", None)
         if attn not in ("sdpa", "eager"):
             raise ConfigError(f"rollout.backend=hf_static runs sdpa or eager attention; this model uses {attn!r}: "
                               "use rollout.backend=hf")
-        self._float_mask = attn == "eager"  # eager attention adds the mask to its scores
+        if not self.reuse_prefix:
+            raise ConfigError(f"rollout.backend=hf_static needs a model whose cache is plain full-attention layers, or "
+                              f"full and sliding-window ones; {type(model).__name__} has another kind: use "
+                              "rollout.backend=hf")
         if sync_every is None:
             sync_every = 8 if self.device.type == "cuda" else 1
         for name, v in (("sync_every", sync_every), ("width_multiple", width_multiple)):
@@ -202,12 +202,12 @@ class StaticHFBackend(HFBackend):
             logits_BV = torch.cat([logits_BV, logits_BV.new_zeros((extra, logits_BV.shape[1]))])
         return mask_BW, next_pos_B, logits_BV
 
-    def _mask(self, mask_BW: torch.Tensor) -> torch.Tensor:
+    def _mask(self, mask_BW: torch.Tensor):
+        dtype = self._additive_dtype()
+        if self._window is not None:  # a mask per layer kind (hf_cache.window_masks)
+            return decode_window_masks(mask_BW, self._window, dtype)
         m = mask_BW[:, None, None, :]
-        if not self._float_mask:
-            return m
-        dtype = next(self.model.parameters()).dtype
-        return torch.zeros(m.shape, dtype=dtype, device=m.device).masked_fill(~m, torch.finfo(dtype).min)
+        return m if dtype is None else additive(m, dtype)
 
     def _decode(self, prompts, params: SamplingParams, seeds, caps, rows, results) -> None:
         dev = self.device

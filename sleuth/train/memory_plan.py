@@ -74,12 +74,14 @@ class ModelShape:
     chunked_head: bool  # the update's output layer runs chunked (a Llama-family plain head)
     sliding_layers: int = 0  # layers with sliding-window attention (Gemma-3: 5 of every 6)
     window: int | None = None  # their window, in tokens
+    slot_cache: bool = True  # the HF rollout keeps every layer's keys/values whole (rollout/hf_cache.supports_slot_cache)
 
     @classmethod
     def from_config(cls, hf_config) -> ModelShape:
         from transformers import AutoModelForCausalLM
 
-        from sleuth.train.chunked_head import plain_head  # lazy: memory_plan is imported by the loop
+        from sleuth.rollout.hf_cache import supports_slot_cache  # lazy: memory_plan is imported by the loop
+        from sleuth.train.chunked_head import plain_head
 
         with torch.device("meta"):  # no memory, no weights: just the parameter shapes
             model = AutoModelForCausalLM.from_config(hf_config)
@@ -92,7 +94,8 @@ class ModelShape:
         return cls(params=params, layers=c.num_hidden_layers, hidden=c.hidden_size,
                    intermediate=getattr(c, "intermediate_size", 4 * c.hidden_size), kv_dim=kv_heads * head_dim,
                    heads=heads, head_dim=head_dim, vocab=c.vocab_size, chunked_head=plain_head(c),
-                   sliding_layers=sliding, window=getattr(c, "sliding_window", None) if sliding else None)
+                   sliding_layers=sliding, window=getattr(c, "sliding_window", None) if sliding else None,
+                   slot_cache=supports_slot_cache(model))
 
 
 def load_shape(cfg: Config) -> ModelShape:
@@ -288,21 +291,23 @@ def _generation_terms(plan: MemoryPlan, cfg: Config, shape: ModelShape, rows: in
         from sleuth.rollout.hf_static import bucket_shape  # lazy: only for compiled hf_static
 
         kv_rows, kv_width = bucket_shape(gen_rows, rc.max_context_tokens)
-    # sliding-window layers keep at most their window of keys/values (transformers' sliding cache layers)
-    slots = (shape.layers - shape.sliding_layers) * kv_width + shape.sliding_layers * min(kv_width, shape.window or 0)
+    # sliding-window layers keep all their keys/values in the HF backends' slot buffers (a mask per layer
+    # kind, rollout/hf_cache); where those do not apply, at most their window (transformers' sliding layers)
+    windowed = shape.sliding_layers if not shape.slot_cache else 0
+    slots = (shape.layers - windowed) * kv_width + windowed * min(kv_width, shape.window or 0)
     it["KV cache"] = kv_rows * slots * 2 * shape.kv_dim * DTYPE_BYTES[mc.dtype]
     notes["KV cache"] = (f"{kv_rows} rows x {kv_width} tokens generating at once, K and V in {mc.dtype}"
-                         + (f"; {shape.sliding_layers} of {shape.layers} layers keep a {shape.window}-token window"
-                            if shape.sliding_layers else "")
+                         + (f"; {windowed} of {shape.layers} layers keep a {shape.window}-token window"
+                            if windowed else "")
                          + ("; compiled hf_static's pool, kept through the update" if pooled else ""))
     # HF backends, several rounds: each finished row's keys/values are copied out and kept for the next
     # round's prefill (rollout/hf_cache.PrefixStore) while the batch's cache still holds every row; at
     # the round boundary the store is still alive while the next round's buffers are assembled
-    # (not for sliding-window caches: rollout/hf_cache.supports_reuse, no prefix is reused)
-    stored = rc.max_turns > 0 and rc.backend != "vllm" and not shape.sliding_layers
+    # (not where the backend cannot use slot buffers: rollout/hf_cache.supports_slot_cache, no prefix is reused)
+    stored = rc.max_turns > 0 and rc.backend != "vllm" and shape.slot_cache
     it["prefix store"] = it["KV cache"] if stored else 0.0
     notes["prefix store"] = ("finished rows' keys/values kept for the next round (as large as the KV cache)"
-                             if stored else "none (one round, vLLM, or a sliding-window cache: no prefix reuse)")
+                             if stored else "none (one round, vLLM, or a cache kind with no prefix reuse)")
     return pooled
 
 

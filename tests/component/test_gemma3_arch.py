@@ -1,8 +1,9 @@
 """Gemma-3's architecture where Sleuth was built on Llama-shaped models, on a tiny Gemma3 built in-process:
 sliding-window attention on most layers (a window shorter than the test contexts), query/key norms, tied
-embeddings. Generation equals ``generate`` and its logprobs a full forward; packed rows and the chunked output
-layer give the padded rows' logprobs and gradients; the shared-prefix layout, which its sliding-window cache
-rules out, runs whole rows and says why."""
+embeddings. Generation equals ``generate`` and its logprobs a full forward; prefix reuse and hf_static (slot
+buffers with a mask per layer kind) equal whole prefills across rounds; packed rows and the chunked output
+layer give the padded rows' logprobs and gradients; the training side's shared-prefix layout, which needs plain
+full attention, runs whole rows and says why."""
 
 import pytest
 import torch
@@ -11,7 +12,8 @@ from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 from sleuth.config import TrainConfig
 from sleuth.rollout.backends import SamplingParams
 from sleuth.rollout.hf_backend import HFBackend
-from sleuth.rollout.hf_cache import supports_reuse
+from sleuth.rollout.hf_cache import decode_window_masks, sliding_window, supports_reuse, window_masks
+from sleuth.rollout.hf_static import StaticHFBackend
 from sleuth.train.chunked_head import supports_chunked_head
 from sleuth.train.forward import supports_packing, token_logprobs
 from sleuth.train.layout import RowLayout
@@ -67,6 +69,57 @@ def test_sampled_tokens_carry_the_logprobs_of_a_full_forward_at_the_temperature(
         logits = model(input_ids=torch.tensor([prompt + r.token_ids])).logits[0, len(prompt) - 1 : -1]
         full = torch.log_softmax(logits / 0.7, -1).gather(1, torch.tensor(r.token_ids)[:, None]).squeeze(1)
         torch.testing.assert_close(torch.tensor(r.logprobs), full, atol=1e-4, rtol=1e-4)
+
+
+def test_window_masks_count_the_window_in_positions_across_padding():
+    # row 0: a 3-token prefix (slots 0-2), padding at slot 3, 2 new tokens (slots 4-5); row 1: 3 new tokens
+    valid = torch.tensor([[1, 1, 1, 0, 1, 1], [0, 0, 0, 1, 1, 1]], dtype=torch.bool)
+    m = window_masks(valid, torch.arange(3, 6), window=2)
+
+    def seen(kind, row, q):
+        return m[kind][row, 0, q].nonzero().squeeze(1).tolist()
+
+    assert seen("full_attention", 0, 1) == [0, 1, 2, 4] and seen("sliding_attention", 0, 1) == [2, 4]
+    assert seen("full_attention", 0, 2) == [0, 1, 2, 4, 5] and seen("sliding_attention", 0, 2) == [4, 5]
+    assert seen("full_attention", 0, 0) == [0, 1, 2, 3] and seen("sliding_attention", 0, 0) == [1, 2, 3]  # padding
+    assert seen("full_attention", 1, 0) == seen("sliding_attention", 1, 0) == [3]
+    assert seen("full_attention", 1, 2) == [3, 4, 5] and seen("sliding_attention", 1, 2) == [4, 5]
+    assert seen("sliding_attention", 1, 1) == [3, 4]
+    grown = torch.cat([valid, torch.ones(2, 1, dtype=torch.bool)], 1)  # a decode step writes slot 6
+    step = decode_window_masks(grown, window=2)
+    for kind, mask in window_masks(grown, torch.tensor([6]), window=2).items():
+        assert torch.equal(step[kind], mask), kind
+    eager = window_masks(valid, torch.arange(3, 6), window=2, dtype=torch.float32)["sliding_attention"]
+    assert torch.equal(eager == 0, m["sliding_attention"]) and eager.min() == torch.finfo(torch.float32).min
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_prefix_reuse_and_hf_static_over_sliding_windows_equal_whole_prefills_across_rounds(tok, attention):
+    model = tiny_gemma3(tok, attention=attention)
+    assert sliding_window(model) == WINDOW and not supports_reuse(model)
+    greedy = SamplingParams(max_new_tokens=12, greedy=True)
+    prompts = [tok(t)["input_ids"] for t in ("Who sang the song? The quick brown fox", "The river",
+                                             "Where does the roadrunner live?")]
+    whole = HFBackend(model, tok, reuse_prefix=False)  # transformers' sliding cache, every prompt prefilled whole
+    first = whole.generate(prompts, greedy)
+    again = [p + r.token_ids + tok(" and then the")["input_ids"] for p, r in zip(prompts, first)]
+    second = whole.generate(again, greedy)
+    unwindowed = HFBackend(tiny_gemma3(tok, attention=attention, sliding=0), tok, reuse_prefix=False)
+    assert any(a.token_ids != b.token_ids for a, b in zip(unwindowed.generate(again, greedy), second))
+    backends = {"hf": HFBackend(model, tok), "hf_static": StaticHFBackend(model, tok),
+                "compiled": StaticHFBackend(model, tok, compile=True, compile_backend="eager", width_multiple=16)}
+    for name, backend in backends.items():
+        cached = []
+        lookup = backend._cached_prefixes
+        backend._cached_prefixes = lambda ps, lookup=lookup, cached=cached: cached.append(hits := lookup(ps)) or hits
+        with backend.session():
+            results = [backend.generate(prompts, greedy), backend.generate(again, greedy)]
+        reused = [n for n, _ in cached[1]]
+        assert all(n > WINDOW for n in reused), (name, reused)  # round 2 prefilled only what follows
+        for got, want in zip(results, (first, second)):
+            for g, w in zip(got, want):
+                assert g.token_ids == w.token_ids, name
+                torch.testing.assert_close(torch.tensor(g.logprobs), torch.tensor(w.logprobs), atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])

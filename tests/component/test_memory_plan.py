@@ -277,9 +277,13 @@ def test_a_compiled_hf_static_pool_is_planned_at_its_bucket_and_through_the_upda
     assert pooled.update == plain.update + pooled.items["KV cache"]
 
 
-def test_the_rollout_phase_of_a_tiny_gemma3_counts_its_sliding_windows_within_25_percent():
-    """Gemma-3: three of four layers keep an 8-token window of keys/values; the plan counts them so (a full
-    cache would be 4x the sliding layers' share) and no prefix store (no reuse of a sliding-window cache)."""
+def test_the_rollout_phase_of_a_tiny_gemma3_counts_its_whole_cache_within_25_percent():
+    """Gemma-3: three of four layers attend over an 8-token window, but the HF backends keep every layer's
+    keys/values whole (slot buffers, a mask per layer kind) and reuse prefixes: the plan counts full layers
+    and the prefix store. Where those buffers do not apply (another attention kernel), the sliding layers
+    keep their window and nothing is stored."""
+    from dataclasses import replace
+
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
 
     torch.manual_seed(0)
@@ -293,10 +297,13 @@ def test_the_rollout_phase_of_a_tiny_gemma3_counts_its_sliding_windows_within_25
     cfg.rollout.max_context_tokens, cfg.rollout.group_size = context, rows
     cfg.algo.kl_coef = 0.0
     shape = ModelShape.from_config(model.config)
-    assert (shape.sliding_layers, shape.window) == (3, 8)
+    assert (shape.sliding_layers, shape.window, shape.slot_cache) == (3, 8, True)
     plan = make_plan(cfg, shape)
-    assert plan.items["KV cache"] == rows * (context + 3 * 8) * 2 * 64 * 4  # 1 full layer + 3 windows, float32
-    assert plan.items["prefix store"] == 0.0
+    assert plan.items["KV cache"] == rows * 4 * context * 2 * 64 * 4  # every layer whole, float32
+    assert plan.items["prefix store"] == plan.items["KV cache"]
+    windowed = make_plan(cfg, replace(shape, slot_cache=False))
+    assert windowed.items["KV cache"] == rows * (context + 3 * 8) * 2 * 64 * 4  # 1 full layer + 3 windows
+    assert windowed.items["prefix store"] == 0.0
     cfg.rollout.max_turns = 0
     plan = make_plan(cfg, shape)
     measured = _measured_rollout_peak(model, rows, context)

@@ -78,6 +78,8 @@ def test_the_real_gemma3_270m_loads_by_name_and_its_rollout_logprobs_equal_a_ful
     from sleuth.models import load_policy
     from sleuth.rollout.backends import SamplingParams
     from sleuth.rollout.hf_backend import HFBackend
+    from sleuth.rollout.hf_cache import sliding_window
+    from sleuth.rollout.hf_static import StaticHFBackend
     from sleuth.train.chunked_head import supports_chunked_head
     from sleuth.train.forward import supports_packing, token_logprobs
 
@@ -85,7 +87,10 @@ def test_the_real_gemma3_270m_loads_by_name_and_its_rollout_logprobs_equal_a_ful
     assert model.config.model_type == "gemma3_text" and not getattr(tok, "chat_template", None)
     assert supports_packing(model) and supports_chunked_head(model)
     prompt = tok("The capital of France is")["input_ids"]
-    (r,) = HFBackend(model.eval(), tok).generate([prompt], SamplingParams(max_new_tokens=6, greedy=True))
+    assert sliding_window(model) == model.config.sliding_window  # slot buffers with a mask per layer kind
+    greedy = SamplingParams(max_new_tokens=6, greedy=True)
+    (r,) = HFBackend(model.eval(), tok).generate([prompt], greedy)
+    assert StaticHFBackend(model, tok).generate([prompt], greedy)[0].token_ids == r.token_ids
     sentence = torch.tensor([tok("The Eiffel Tower is in Paris, the capital and largest city of France.")["input_ids"]])
     with torch.no_grad():
         loss = model(input_ids=sentence, labels=sentence).loss
