@@ -1,9 +1,13 @@
-"""``OUT_DIR/summary.md`` of ``examples/smollm2_nq.sh``: EM/F1 per dataset for base, SFT and SFT+RL
-with and without search (the evaluations that ran), a paired bootstrap of SFT+RL against SFT,
-searches per question and stop reasons, the SFT loss and the GRPO reward / searches-per-step plots,
-and example trajectories of the same questions before and after.
+"""``OUT_DIR/summary.md`` of a recipe (:data:`RECIPES`): EM/F1 per dataset for each model and mode that was
+evaluated, paired bootstraps of the recipe's comparisons, searches per question and stop reasons, the
+training curves, and example trajectories of the same questions before and after.
 
-    python examples/recipe_summary.py OUT_DIR
+* ``smollm2`` (``examples/smollm2_nq.sh``): base, SFT and SFT+RL with and without search; SFT+RL against SFT.
+* ``gemma3_zero`` (``examples/gemma3_zero.sh``): base (search, no search, RAG), RL from zero and the SFT route
+  (SFT then RL on the same budget) with and without search, and each on the confirmation set when one ran;
+  RL against base and against base's RAG.
+
+    python examples/recipe_summary.py OUT_DIR [--recipe smollm2|gemma3_zero]
 """
 
 from __future__ import annotations
@@ -11,10 +15,35 @@ from __future__ import annotations
 import json
 import random
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-MODELS = [("base", "base"), ("sft", "SFT"), ("rl", "SFT+RL")]
-MODES = [("search", "search"), ("direct", "no search")]
+
+@dataclass(frozen=True)
+class Recipe:
+    title: str
+    models: list[tuple[str, str]]  # (run name under OUT_DIR and eval/, label)
+    modes: list[tuple[str, str]]  # (eval directory suffix, label)
+    compare: list[tuple[tuple[str, str], tuple[str, str]]]  # ((model, mode) before, (model, mode) after)
+    search_ratio: str  # the model whose EM with search over without is reported
+    curves: list[tuple[str, str]]  # (run directory, label) of RL runs to plot
+    sources: str  # what the run directories are, for the header
+
+
+RECIPES = {
+    "smollm2": Recipe(
+        "SmolLM2-135M-Instruct learns to search: SFT, then GRPO",
+        [("base", "base"), ("sft", "SFT"), ("rl", "SFT+RL")], [("search", "search"), ("direct", "no search")],
+        [(("sft", "search"), ("rl", "search"))], "rl", [("rl", "GRPO")], "`sft/`, `rl/`, `eval/`"),
+    "gemma3_zero": Recipe(
+        "The base Gemma-3-270M learns to search by RL alone",
+        [("base", "base"), ("rl", "RL from zero"), ("sft_rl", "SFT route (SFT+RL)")],
+        [("search", "search"), ("direct", "no search"), ("rag", "RAG"), ("confirm", "search, confirmation set")],
+        [(("base", "search"), ("rl", "search")), (("base", "rag"), ("rl", "search")),
+         (("sft_rl", "search"), ("rl", "search")), (("base", "confirm"), ("rl", "confirm")),
+         (("sft_rl", "confirm"), ("rl", "confirm"))],
+        "rl", [("rl", "RL from zero"), ("sft_rl", "SFT route's RL")], "`rl/`, `sft/`, `sft_rl/`, `eval/`"),
+}
 
 
 def _rows(path: Path) -> list[dict]:
@@ -23,11 +52,11 @@ def _rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def _evals(out: Path) -> dict[tuple[str, str], dict]:
+def _evals(out: Path, recipe: Recipe) -> dict[tuple[str, str], dict]:
     """``(model, mode) -> {"summary", "rows"}`` for the evaluations found under ``OUT/eval``."""
     found = {}
-    for model, _ in MODELS:
-        for mode, _ in MODES:
+    for model, _ in recipe.models:
+        for mode, _ in recipe.modes:
             d = out / "eval" / f"{model}_{mode}"
             results = d / "results.json"
             if results.is_file():
@@ -46,13 +75,13 @@ def paired_bootstrap(a: list[float], b: list[float], n: int = 10_000, seed: int 
     return sum(diffs) / len(diffs), means[int(0.025 * n)], means[int(0.975 * n) - 1]
 
 
-def _table(evals: dict) -> list[str]:
+def _table(evals: dict, recipe: Recipe) -> list[str]:
     sources = sorted({s for e in evals.values() for s in e["summary"]["by_source"]})
     head = ["model", "mode", *[f"{s} EM" for s in sources], *[f"{s} F1" for s in sources], "avg EM",
-            "searches / question"]
+            "searches / question", "answered"]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for model, name in MODELS:
-        for mode, mode_name in MODES:
+    for model, name in recipe.models:
+        for mode, mode_name in recipe.modes:
             e = evals.get((model, mode))
             if e is None:
                 continue
@@ -60,14 +89,15 @@ def _table(evals: dict) -> list[str]:
             by = s["by_source"]
             cells = [name, mode_name, *[f"{by[x]['em']:.3f}" if x in by else "" for x in sources],
                      *[f"{by[x]['f1']:.3f}" if x in by else "" for x in sources],
-                     f"{s['macro'].get('em', s['em']):.3f}", f"{s['searches']:.2f}"]
+                     f"{s['macro'].get('em', s['em']):.3f}", f"{s['searches']:.2f}",
+                     f"{s['stop_reasons'].get('answered', 0.0):.0%}"]
             out.append("| " + " | ".join(cells) + " |")
     return out
 
 
-def _stops(evals: dict) -> list[str]:
+def _stops(evals: dict, recipe: Recipe) -> list[str]:
     out = []
-    for model, name in MODELS:
+    for model, name in recipe.models:
         e = evals.get((model, "search"))
         if e is not None:
             stops = ", ".join(f"{k} {v:.0%}" for k, v in e["summary"]["stop_reasons"].items())
@@ -75,44 +105,50 @@ def _stops(evals: dict) -> list[str]:
     return out
 
 
-def _comparison(evals: dict) -> list[str]:
-    sft, rl = evals.get(("sft", "search")), evals.get(("rl", "search"))
-    if sft is None or rl is None:
-        return []
-    ids = [i for i in sft["rows"] if i in rl["rows"]]
-    if not ids:
-        return []
-    mean, lo, hi = paired_bootstrap([sft["rows"][i]["em"] for i in ids], [rl["rows"][i]["em"] for i in ids])
-    out = [f"SFT+RL minus SFT, EM with search, paired over {len(ids)} questions: {mean:+.3f} "
-           f"(95% bootstrap interval {lo:+.3f} to {hi:+.3f}; 10,000 resamples, seed 0)."]
-    direct = evals.get(("rl", "direct"))
-    if direct is not None:
-        ratio = rl["summary"]["em"] / direct["summary"]["em"] if direct["summary"]["em"] else float("inf")
-        out.append(f"SFT+RL with search / without: EM {rl['summary']['em']:.3f} / {direct['summary']['em']:.3f} "
-                   f"({ratio:.1f}x).")
+def _comparison(evals: dict, recipe: Recipe) -> list[str]:
+    labels = {**dict(recipe.models), **{f"mode:{m}": name for m, name in recipe.modes}}
+    out = []
+    for before, after in recipe.compare:
+        a, b = evals.get(before), evals.get(after)
+        ids = [i for i in a["rows"] if i in b["rows"]] if a is not None and b is not None else []
+        if not ids:
+            continue
+        mean, lo, hi = paired_bootstrap([a["rows"][i]["em"] for i in ids], [b["rows"][i]["em"] for i in ids])
+        out.append(f"{labels[after[0]]} ({labels['mode:' + after[1]]}) minus {labels[before[0]]} "
+                   f"({labels['mode:' + before[1]]}), EM, paired over {len(ids)} questions: {mean:+.3f} "
+                   f"(95% bootstrap interval {lo:+.3f} to {hi:+.3f}; 10,000 resamples, seed 0).")
+    search, direct = evals.get((recipe.search_ratio, "search")), evals.get((recipe.search_ratio, "direct"))
+    if search is not None and direct is not None:
+        em, em0 = search["summary"]["em"], direct["summary"]["em"]
+        ratio = em / em0 if em0 else float("inf")
+        out.append(f"{labels[recipe.search_ratio]} with search / without: EM {em:.3f} / {em0:.3f} ({ratio:.1f}x).")
     return out
 
 
-def _plots(out: Path) -> list[str]:
+def _plots(out: Path, recipe: Recipe) -> list[str]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     lines = []
-    rl = _rows(out / "rl" / "metrics.jsonl")
-    if rl:
+    for run, label in recipe.curves:
+        rl = _rows(out / run / "metrics.jsonl")
+        if not rl:
+            continue
         fig, ax = plt.subplots(figsize=(6, 3.2))
         steps = [r["step"] for r in rl]
         ax.plot(steps, [r.get("reward/mean") or 0 for r in rl], label="reward")
         ax.plot(steps, [r.get("reward/em") or 0 for r in rl], label="EM")
         ax.plot(steps, [r.get("rollout/searches_mean") or 0 for r in rl], label="searches / sample")
-        ax.set_xlabel("GRPO step")
+        ax.plot(steps, [r.get("rollout/answered_frac") or 0 for r in rl], label="answered share")
+        ax.set_xlabel(f"{label} step")
         ax.legend()
         fig.tight_layout()
-        fig.savefig(out / "reward.png", dpi=110)
+        name = "reward.png" if run == "rl" else f"reward_{run}.png"
+        fig.savefig(out / name, dpi=110)
         plt.close(fig)
-        lines += ["![GRPO reward, EM and searches per step](reward.png)", ""]
+        lines += [f"![{label}: reward, EM, searches and answered share per step]({name})", ""]
     sft = _rows(out / "sft" / "metrics.jsonl")
     if sft:
         fig, ax = plt.subplots(figsize=(6, 3.2))
@@ -126,8 +162,8 @@ def _plots(out: Path) -> list[str]:
     return lines
 
 
-def _examples(evals: dict, n_per_source: int = 2) -> list[str]:
-    have = [(m, name) for m, name in MODELS if (m, "search") in evals]
+def _examples(evals: dict, recipe: Recipe, n_per_source: int = 2) -> list[str]:
+    have = [(m, name) for m, name in recipe.models if (m, "search") in evals]
     if not have:
         return []
     first = evals[(have[0][0], "search")]["rows"]
@@ -168,23 +204,28 @@ def _wall(out: Path) -> list[str]:
     return lines
 
 
-def write_summary(out: Path) -> Path:
-    evals = _evals(out)
-    md = ["# SmolLM2-135M-Instruct learns to search: SFT, then GRPO", "",
-          "Written by `examples/recipe_summary.py` from the run in this directory (`sft/`, `rl/`, `eval/`).", ""]
+def write_summary(out: Path, recipe: str = "smollm2") -> Path:
+    r = RECIPES[recipe]
+    evals = _evals(out, r)
+    md = [f"# {r.title}", "",
+          f"Written by `examples/recipe_summary.py` from the run in this directory ({r.sources}).", ""]
     md += ["## Evaluation", ""]
     if evals:
-        md += _table(evals) + [""] + _comparison(evals) + [""] + ["Stop reasons:", ""] + _stops(evals) + [""]
+        md += _table(evals, r) + [""] + _comparison(evals, r) + [""] + ["Stop reasons:", ""] + _stops(evals, r) + [""]
     else:
-        md += ["No evaluation ran (`--no-eval`): evaluate `sft/` and `rl/` with `sleuth eval --model DIR`.", ""]
-    md += ["## Wall time", ""] + _wall(out) + ["", "## Training curves", ""] + _plots(out)
-    md += ["## Example trajectories (greedy, with search)", ""] + _examples(evals)
+        md += ["No evaluation ran (`--no-eval`): evaluate the runs with `sleuth eval --model DIR`.", ""]
+    md += ["## Wall time", ""] + _wall(out) + ["", "## Training curves", ""] + _plots(out, r)
+    md += ["## Example trajectories (greedy, with search)", ""] + _examples(evals, r)
     path = out / "summary.md"
     path.write_text("\n".join(md) + "\n", encoding="utf-8")
     return path
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        sys.exit("usage: python examples/recipe_summary.py OUT_DIR")
-    print(write_summary(Path(sys.argv[1])))
+    args = sys.argv[1:]
+    recipe = "smollm2"
+    if len(args) == 3 and args[1] == "--recipe" and args[2] in RECIPES:
+        recipe = args[2]
+    elif len(args) != 1:
+        sys.exit(f"usage: python examples/recipe_summary.py OUT_DIR [--recipe {'|'.join(RECIPES)}]")
+    print(write_summary(Path(args[0]), recipe))

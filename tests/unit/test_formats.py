@@ -136,6 +136,10 @@ def test_r1_searcher_prompts_are_byte_identical():
     assert base.user_content(Q("Who directed Jaws?")) == R1_BASE.replace("{question}", "Who directed Jaws?")
     assert base.user_content(Q("{x}?")).endswith("User:{x}?\nAssistant: <think>")  # braces are not a template
     assert chat.stop_sequences == ["<|end_of_query|>", "</answer>"]
+    named = get_format("r1_searcher_base")  # the base prompt as a rollout.format name
+    assert named.name == "r1_searcher_base" and named.system_prompt is None and named.generation_prefix == ""
+    assert named.user_content(Q("Who directed Jaws?")) == base.user_content(Q("Who directed Jaws?"))
+    assert named.stop_sequences == chat.stop_sequences
 
 
 def test_tool_call_prompt_and_tool_schema():

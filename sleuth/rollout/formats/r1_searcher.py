@@ -33,6 +33,7 @@ from sleuth.rollout.formats.base import (
     last_tag_content,
     no_action_reason,
     register,
+    register_prompt_variant,
     remove_blocks,
 )
 from sleuth.types import Action, ActionKind, Passage, Question
@@ -141,3 +142,15 @@ class R1SearcherFormat:
     def extract_answer(self, response_text: str) -> str | None:
         text = remove_blocks(response_text, BEGIN_DOCS, END_DOCS)
         return last_tag_content(text, "<answer>", "</answer>")
+
+
+@register_prompt_variant
+class R1SearcherBaseFormat(R1SearcherFormat):
+    """R1-Searcher's tags with its prompt for base models (``rollout.format: r1_searcher_base``): the
+    instruction, the question and ``Assistant: <think>`` as one plain text, no system prompt (its
+    Qwen-2.5-7B-Base runs; use it with a model that has no chat template)."""
+
+    name = "r1_searcher_base"
+
+    def __init__(self):
+        super().__init__(variant="base")
