@@ -181,7 +181,7 @@ class RolloutConfig:
     """Asynchronous rollouts: a rollout worker generates step ``t + N`` while the trainer learns from step ``t``
     (batch ``t`` sampled by the weights of update ``t - 1 - N``), the weights published to it after every update;
     the update recomputes the old logprobs with the current weights and ``algo.tis_cap`` corrects for the sampler's
-    (sleuth.train.async_rollout). 0: synchronous, the loop as it always was. One process only (not under torchrun)."""
+    (sleuth.train.async_rollout). 0: synchronous, the loop as it always was. Under torchrun only with ``workers``."""
     async_worker: Literal["process", "inline"] = "process"
     """async_steps > 0: ``process`` spawns the worker (its own threads, ``async_threads``, or its own copy on the
     device); ``inline`` runs the same schedule in the trainer's process with no overlap (a reference for tests and
@@ -189,6 +189,11 @@ class RolloutConfig:
     async_threads: Annotated[Int | None, Field(ge=1)] = None
     """async_worker=process on CPU: the worker's torch threads (None: half of ``train.cpu_threads`` or of torch's);
     the trainer keeps the rest, at least one."""
+    workers: Annotated[Int, Field(ge=0)] = 0
+    """async_steps > 0 under torchrun: the last ``workers`` ranks generate and the first ``workers`` train (verl's
+    one-step-off split; launch ``2 x workers`` ranks): rollout rank ``i`` collects what training rank ``i`` would
+    have, the weights broadcast to it after every update (gloo on CPU, NCCL on GPU; sleuth.train.rollout_ranks).
+    0: no split (asynchronous rollouts then run in one process)."""
     vllm_sleep: Bool = True
     """Put the engine to sleep after each rollout (its weights and KV cache freed: memory for the update) and wake
     it with the updated weights (vLLM sleep mode, level 2)."""

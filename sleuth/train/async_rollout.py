@@ -7,7 +7,8 @@ worker that runs ``N`` steps ahead, the weights published back after every updat
 The schedule and the weight slots are :mod:`sleuth.train.rollout_worker`'s. ``rollout.async_worker:
 process`` (the default) spawns the worker with its own threads (``rollout.async_threads``; the trainer
 keeps the rest of ``train.cpu_threads``) or on its own device placement (``model.device``); ``inline`` rolls
-out in the trainer's process before each update, the same batches with no overlap.
+out in the trainer's process before each update, the same batches with no overlap (under torchrun too, each
+rank its share: the reference a split of the ranks, ``rollout.workers``, is tested against).
 
 The batch was sampled by older weights than the trainer holds, so the update recomputes the old logprobs
 with the current weights (the proximal policy of decoupled PPO) and, with ``algo.tis_cap``, weighs each
@@ -44,8 +45,23 @@ def split_threads(cfg) -> tuple[int, int]:
     return max(1, total - worker), worker
 
 
+def received(b: ScoredBatch, step: int, *, n: int, start: int, t0: float, device) -> ScoredBatch:
+    """A batch the trainer got at ``perf_counter() - t0`` seconds of waiting: the schedule checked, moved to
+    ``device``, ``async/*`` figures added, the step's clock started at ``t0``."""
+    waited = time.perf_counter() - t0
+    version = int(b.metrics["async/weights_version"])
+    assert version == version_for(step, n, start), (step, version)
+    staleness = step - 1 - version
+    assert 0 <= staleness <= n, (step, version)
+    b.to(device)
+    b.metrics.update({"async/staleness": float(staleness), "async/trainer_wait_s": waited,
+                      "async/dropped_batches": 0.0})
+    b.started, b.rollout_s = t0, waited  # perf/step_s and perf/train_s: the trainer's own clock
+    return b
+
+
 class AsyncRollouts:
-    def __init__(self, cfg, out: Path, policy: torch.nn.Module, *, cursor: dict, step: int):
+    def __init__(self, cfg, out: Path, policy: torch.nn.Module, *, cursor: dict, step: int, ctx=None):
         self.cfg, self.n, self.start = cfg, cfg.rollout.async_steps, step
         self.device = next(policy.parameters()).device
         self.proc = self.worker = None
@@ -53,7 +69,7 @@ class AsyncRollouts:
         if cfg.rollout.async_worker == "inline":
             self.slots = WeightSlots(policy, self.n + 1)
             self.slots.publish(step, policy)
-            self.worker = RolloutWorker(cfg, out, cursor=cursor, start=step, slots=self.slots)
+            self.worker = RolloutWorker(cfg, out, cursor=cursor, start=step, slots=self.slots, ctx=ctx)
             return
         mp = torch.multiprocessing.get_context("spawn")
         self.slots = WeightSlots(policy, self.n + 1, mp)
@@ -71,16 +87,7 @@ class AsyncRollouts:
         """Step ``step``'s batch (waiting for the worker), its ``async/*`` figures added."""
         t0 = time.perf_counter()
         b = self.worker.batch(step) if self.worker is not None else self._receive(step)
-        waited = time.perf_counter() - t0
-        version = int(b.metrics["async/weights_version"])
-        assert version == version_for(step, self.n, self.start), (step, version)
-        staleness = step - 1 - version
-        assert 0 <= staleness <= self.n, (step, version)
-        b.to(self.device)
-        b.metrics.update({"async/staleness": float(staleness), "async/trainer_wait_s": waited,
-                          "async/dropped_batches": 0.0})
-        b.started, b.rollout_s = t0, waited  # perf/step_s and perf/train_s: the trainer's own clock
-        return b
+        return received(b, step, n=self.n, start=self.start, t0=t0, device=self.device)
 
     def _receive(self, step: int) -> ScoredBatch:
         while True:
@@ -106,8 +113,8 @@ class AsyncRollouts:
         """The weights after update ``step`` to the worker; ``async/publish_s``."""
         return {"async/publish_s": self.slots.publish(step, policy)}
 
-    def close(self) -> None:
-        """Stop the worker (it exits after its current rollout); idempotent."""
+    def close(self, finished: bool = False) -> None:
+        """Stop the worker (it exits after its current rollout), whether the run ``finished`` or not; idempotent."""
         if self.worker is not None:
             self.worker.close()
             self.worker = None

@@ -25,6 +25,8 @@ def _run(args) -> int:
     if not args.out:
         raise ConfigError("sleuth train: --out DIR is required (the run directory), except with --plan")
     check_config_not_rewritten(args.config, args.out, cfg)
+    if par.init_distributed(cfg.rollout.workers).role == "rollout":  # rollout.workers: a generating rank
+        return _serve_rollouts(cfg, args.out)
     trainer = None
     try:
         trainer = Trainer(cfg, args.out, resume=args.resume, overwrite=args.overwrite, progress=not args.json)
@@ -37,6 +39,23 @@ def _run(args) -> int:
         if trainer is not None:
             trainer.close()  # a vLLM engine goes while the process group is alive
         del trainer  # its (sharded) models go before the process group: see par.shutdown
+        par.shutdown()
+    return 0
+
+
+def _serve_rollouts(cfg, out) -> int:
+    from sleuth.config_file import validate  # lazy: pydantic
+    from sleuth.train import distributed as par  # lazy: torch
+    from sleuth.train.rollout_ranks import serve_rollouts  # lazy: torch, transformers
+    from sleuth.train.state import check_parallel_settings, seed_everything, set_determinism  # lazy: torch
+
+    try:
+        cfg, ctx = validate(cfg), par.init_distributed(cfg.rollout.workers)
+        check_parallel_settings(cfg, ctx)  # what the training ranks refuse, refused here too
+        seed_everything(cfg.train.seed)
+        set_determinism(cfg, ctx)  # the training ranks' matmul settings
+        serve_rollouts(cfg, out, ctx)
+    finally:
         par.shutdown()
     return 0
 
@@ -69,7 +88,7 @@ def _print_plan(cfg, as_json: bool) -> int:
     from sleuth.models import pick_device  # lazy: torch
     from sleuth.train.memory_plan import advice, plan_for  # lazy: torch, transformers
 
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = cfg.rollout.workers or int(os.environ.get("WORLD_SIZE", "1"))  # rollout.workers: the training ranks
     plan = plan_for(cfg, world, pick_device(cfg.model.device))
     print(plan.table())
     if not plan.fits():

@@ -48,11 +48,14 @@ class ScoredBatch:
     started: float = 0.0  # perf_counter() when the step began
     cursor: dict | None = None  # rollout.async_steps: the question sampler's cursor after this batch's draws
     rollout_s: float = 0.0
+    ref_logprobs_BT: torch.Tensor | None = None  # rollout.async_steps: the frozen reference's, from the worker
 
     def to(self, device) -> ScoredBatch:
         """The batch with its tensors on ``device`` (in place; asynchronous rollouts cross processes on the CPU)."""
-        for name in ("input_ids_BT", "attention_mask_BT", "loss_mask_BT", "scores_B", "sampler_logprobs_BT"):
-            setattr(self, name, getattr(self, name).to(device))
+        for name in ("input_ids_BT", "attention_mask_BT", "loss_mask_BT", "scores_B", "sampler_logprobs_BT",
+                     "ref_logprobs_BT"):
+            if (t := getattr(self, name)) is not None:
+                setattr(self, name, t.to(device))
         return self
 
 

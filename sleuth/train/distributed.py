@@ -26,6 +26,7 @@ Also here: the rank context (:class:`DistContext`, :func:`init_distributed`) and
 from __future__ import annotations
 
 import contextlib
+import datetime
 import gc
 import os
 from collections.abc import Iterator
@@ -35,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from sleuth.errors import ConfigError
+from sleuth.train import reduce
 
 PARALLEL = ("ddp", "fsdp")
 
@@ -55,7 +57,7 @@ def wrap_for_update(model: torch.nn.Module, *, parallel: str, world_size: int, l
         return shard(model)
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    return DDP(model, device_ids=[local_rank] if torch.cuda.is_available() else None)
+    return DDP(model, device_ids=[local_rank] if torch.cuda.is_available() else None, process_group=reduce.group())
 
 
 def _block_classes(model: torch.nn.Module) -> set[str]:
@@ -185,7 +187,8 @@ def plain_model(model, state: dict[str, torch.Tensor]):
 
 
 def shutdown() -> None:
-    """Leave the process group (every rank, once the work is done); a no-op when none was joined.
+    """Leave the process group (every rank, once the work is done; the rank context is forgotten); a no-op
+    when none was joined.
 
     The caller drops its references to sharded models first. FSDP2 modules sit in reference
     cycles that hold the last communication work objects; collected only at interpreter exit,
@@ -193,6 +196,9 @@ def shutdown() -> None:
     exception``, SIGABRT) in 1 run of 10 to 1 of 5 with gloo on torch 2.13, after the run itself
     succeeded. Collecting them here, while the group is alive, avoids it.
     """
+    global _CONTEXT
+    _CONTEXT = None
+    reduce.set_group(None)
     if not (dist.is_available() and dist.is_initialized()):
         return
     gc.collect()
@@ -201,24 +207,44 @@ def shutdown() -> None:
 
 @dataclass
 class DistContext:
-    """This process's place in a ``torchrun`` job (rank 0 of 1 without one)."""
+    """This process's place in a ``torchrun`` job (rank 0 of 1 without one). With ``rollout.workers`` the
+    job splits in two halves: ``role`` ``train`` (the first half) or ``rollout`` (the second), ``rank`` and
+    ``world_size`` within the role (training rank ``i`` and rollout rank ``i`` make a pair: the rollout
+    rank generates the batches the training rank would have collected), ``peer`` the partner's global rank,
+    ``weights_group`` / ``batch_group`` the pair's two process groups (weights one way, batches the other)."""
 
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
+    role: str = "train"
+    peer: int | None = None
+    weights_group: object = None
+    batch_group: object = None
 
     @property
     def is_main(self) -> bool:
-        return self.rank == 0
+        return self.rank == 0 and self.role == "train"
 
     @property
     def enabled(self) -> bool:
         return self.world_size > 1
 
 
-def init_distributed() -> DistContext:
-    """Join the process group when launched by ``torchrun`` (gloo on CPU, nccl on GPU)."""
+_CONTEXT: DistContext | None = None
+PAIR_TIMEOUT = datetime.timedelta(hours=6)  # rollout.workers: how long one side may wait for the other
+
+
+def init_distributed(workers: int = 0) -> DistContext:
+    """Join the process group when launched by ``torchrun`` (gloo on CPU, nccl on GPU); the same context
+    on later calls. ``workers`` (``rollout.workers``) > 0: the last ``workers`` ranks generate and the first
+    as many train (:class:`DistContext`); each rank's collectives then run over its role's ranks."""
+    global _CONTEXT
+    if _CONTEXT is not None:
+        return _CONTEXT
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    if workers and world != 2 * workers:
+        raise ConfigError(f"rollout.workers={workers} pairs each rollout rank with a training rank: launch "
+                          f"torchrun with --nproc_per_node {2 * workers} (this job has {world} rank(s))")
     if world <= 1:
         return DistContext()
     local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -229,4 +255,21 @@ def init_distributed() -> DistContext:
             dist.init_process_group(backend="nccl", device_id=torch.device("cuda", local))
         else:
             dist.init_process_group(backend="gloo")
-    return DistContext(dist.get_rank(), dist.get_world_size(), local)
+    rank = dist.get_rank()
+    if not workers:
+        ctx = DistContext(rank, dist.get_world_size(), local)
+    else:
+        # every rank creates every group, in the same order (torch.distributed.new_group's rule); a pair's two
+        # ranks wait on each other for whole phases (the other's start, a rollout, an evaluation, a checkpoint)
+        roles = [dist.new_group(list(range(workers)), timeout=PAIR_TIMEOUT),
+                 dist.new_group(list(range(workers, world)), timeout=PAIR_TIMEOUT)]
+        pairs = [tuple(dist.new_group([i, workers + i], timeout=PAIR_TIMEOUT) for _ in range(2))
+                 for i in range(workers)]
+        train = rank < workers
+        i = rank % workers
+        reduce.set_group(roles[0] if train else roles[1])
+        ctx = DistContext(i, workers, local, role="train" if train else "rollout",
+                          peer=workers + i if train else i, weights_group=pairs[i][0], batch_group=pairs[i][1])
+    if dist.is_initialized():  # (a test may fake the group)
+        _CONTEXT = ctx
+    return ctx

@@ -1,6 +1,7 @@
 """The second half of a train step, ``learn``: a scored batch in, updated weights and metrics out.
 
-    old policy's logprobs (the sampler's where they are the same quantity) -> the reference's
+    old policy's logprobs (the sampler's where they are the same quantity) -> the reference's (the batch's,
+    computed by the rollout worker, under rollout.async_steps)
     -> the critic's values -> advantages -> policy_update -> the weights pushed to the engine
 
 :func:`sleuth.train.collect.collect` makes the batch.
@@ -45,7 +46,9 @@ def learn(b: ScoredBatch, *, step: int, cfg, state, engine, layout, sampler_gap,
             old = layout.logprobs(policy, ids, att, temperature=temp, needed_BT=mask)
         if reuse:  # a check step, or recomputing since a check found the gap too large
             metrics.update(sampler_gap.compare(b.sampler_logprobs_BT, old, mask, step))
-    ref = reference_logprobs(state, layout, ids, att, mask, temp) if state.use_ref else None
+    ref = b.ref_logprobs_BT  # asynchronous rollouts: the worker computed them (it holds the reference)
+    if ref is None and state.use_ref:
+        ref = reference_logprobs(state, layout, ids, att, mask, temp)
     values = None
     if state.critic is not None:
         with par.gathered(state.critic):
@@ -82,8 +85,16 @@ def learn(b: ScoredBatch, *, step: int, cfg, state, engine, layout, sampler_gap,
 def reference_logprobs(state, layout, ids, att, mask, temp) -> torch.Tensor:
     """The frozen reference's logprobs at the trained tokens: a separate copy, or (LoRA) the policy
     without adapters."""
-    if state.ref is not None:
-        with on_device(state.ref, state.compute_device, offloaded=state.ref_offloaded), par.gathered(state.ref):
-            return layout.logprobs(state.ref, ids, att, temperature=temp, needed_BT=mask)
-    with state.policy.disable_adapter():
-        return layout.logprobs(state.policy, ids, att, temperature=temp, needed_BT=mask)
+    assert state.ref is not None or hasattr(state.policy, "disable_adapter"), "no reference held (async: the worker's)"
+    return frozen_logprobs(state.ref, state.policy, layout, ids, att, mask, temp, device=state.compute_device,
+                           offloaded=state.ref_offloaded)
+
+
+def frozen_logprobs(ref, policy, layout, ids, att, mask, temp, *, device=None, offloaded=False) -> torch.Tensor:
+    """``ref``'s logprobs at the trained tokens, or with ``ref`` None (LoRA) ``policy``'s without its adapters
+    (the trainer's reference pass, and the rollout worker's under ``rollout.async_steps``)."""
+    if ref is not None:
+        with on_device(ref, device, offloaded=offloaded), par.gathered(ref):
+            return layout.logprobs(ref, ids, att, temperature=temp, needed_BT=mask)
+    with policy.disable_adapter():
+        return layout.logprobs(policy, ids, att, temperature=temp, needed_BT=mask)

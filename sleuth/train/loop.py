@@ -45,6 +45,7 @@ from sleuth.train.learn import learn, sampler_logprobs_are_old
 from sleuth.train.logging import MetricsLogger, truncate_logs
 from sleuth.train.memory_plan import check_memory
 from sleuth.train.phase_memory import PhasePeaks
+from sleuth.train.rollout_ranks import RankRollouts
 from sleuth.train.rundir import check_run_dir, warn_changed_settings, write_run_config
 from sleuth.train.sampler import CollapseWatch, QuestionSampler
 from sleuth.train.sampler_gap import SamplerGap
@@ -61,12 +62,13 @@ from sleuth.train.state import (
 class Trainer:
     """Holds the run's objects; ``run()`` is the loop. Built from a Config and an output dir."""
 
-    rollouts: AsyncRollouts | None = None  # rollout.async_steps: the worker's batches (sleuth.train.async_rollout)
+    # rollout.async_steps: the worker's batches (sleuth.train.async_rollout), or the rollout rank's (rollout_ranks)
+    rollouts: AsyncRollouts | RankRollouts | None = None
 
     def __init__(self, cfg: Config, out_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
                  progress: bool = True):
         self.cfg, self.out = validate(cfg), Path(out_dir)
-        self.ctx = init_distributed()
+        self.ctx = init_distributed(cfg.rollout.workers)  # rollout.workers: this is a training rank
         if self.ctx.is_main:
             check_run_dir(self.out, resume=resume, overwrite=overwrite)
         sharded = check_parallel_settings(cfg, self.ctx)
@@ -120,7 +122,11 @@ class Trainer:
         """A rollout worker from the current weights and question cursor (at start, resume and rollback)."""
         if self.rollouts is not None:
             self.rollouts.close()
-        self.rollouts = AsyncRollouts(self.cfg, self.out, self.policy, cursor=self.sampler.state(), step=self.step)
+        if self.cfg.rollout.workers:  # the batches come from this rank's rollout rank (sleuth.train.rollout_ranks)
+            self.rollouts = RankRollouts(self.cfg, self.policy, self.ctx, cursor=self.sampler.state(), step=self.step)
+        else:
+            self.rollouts = AsyncRollouts(self.cfg, self.out, self.policy, cursor=self.sampler.state(), step=self.step,
+                                          ctx=self.ctx)
 
     # -- checkpoints -------------------------------------------------------------------------
     def save(self) -> Path | None:
@@ -260,7 +266,7 @@ class Trainer:
         if saved_at != self.step:
             self.save()
         if self.rollouts is not None:
-            self.rollouts.close()  # nothing more to roll out
+            self.rollouts.close(finished=True)  # nothing more to roll out
         self.logger.close()
         return last
 

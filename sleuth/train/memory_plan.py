@@ -14,8 +14,9 @@ What is counted (bytes per rank; P parameters, P_t trainable, N ranks, FSDP divi
   checkpointing, every block's without);
 * gradients ``4 P_t`` and AdamW state ``8 P_t`` (``/ N`` under FSDP; with ``train.offload_optimizer``
   the state is on the device at the optimizer step only);
-* reference: a frozen copy in ``model.reference_dtype`` (float32 by default) (none with LoRA, none without a KL term; with
-  ``train.offload_reference`` on the device for its pass only);
+* reference: a frozen copy in ``model.reference_dtype`` (float32 by default) (none with LoRA, none without a KL term, none
+  under ``rollout.async_steps``: the rollout worker holds it; with ``train.offload_reference`` on the device for its
+  pass only);
 * critic (``algo.advantage: gae``): its own master weights, gradients and AdamW state;
 * FSDP: generation runs on the full weights, all-gathered (float32, plus their autocast copy);
 * activations of one micro-batch at the token budget ``M`` (``train.max_tokens_per_micro_batch``,
@@ -247,13 +248,17 @@ def _held_terms(plan: MemoryPlan, cfg: Config, shape: ModelShape, shard: int, fs
     it["AdamW state"] = 0.0 if tc.offload_optimizer else 8 * trainable / shard
     notes["AdamW state"] = f"{trainable / 1e6:.1f}M trainable parameters" + (
         "; offloaded: in CPU memory, on the device at the optimizer step only" if tc.offload_optimizer else "")
-    use_ref = cfg.algo.kl_coef > 0 and cfg.algo.kl_mode != "none" and mc.lora_rank == 0
+    # asynchronous rollouts: the rollout worker holds the reference (train/rollout_worker.py)
+    use_ref = cfg.algo.kl_coef > 0 and cfg.algo.kl_mode != "none" and mc.lora_rank == 0 and not cfg.rollout.async_steps
     ref_dtype = reference_dtype(mc)
     ref_bytes = DTYPE_BYTES[ref_dtype] * P  # the whole reference
     it["reference"] = ref_bytes / shard if use_ref and not tc.offload_reference else 0.0
     notes["reference"] = (f"frozen, {ref_dtype}" + ("; offloaded: in CPU memory, on the device for its pass only"
                                                    if tc.offload_reference else "")
-                          if use_ref else "none (no KL term, or LoRA: the base)")
+                          if use_ref else "none (no KL term, LoRA: the base, or the rollout worker's)")
+    if cfg.rollout.workers:  # train/rollout_ranks.py: N + 1 float32 copies of the weights on their way to the rollout rank
+        it["weight buffers"] = (cfg.rollout.async_steps + 1) * 4 * P
+        notes["weight buffers"] = f"{cfg.rollout.async_steps + 1} float32 copies sent to the rollout rank"
     it["critic"] = (8 if tc.offload_optimizer else 16) * P / shard if critic else 0.0
     notes["critic"] = ("weights, gradients" + ("" if tc.offload_optimizer else ", AdamW state")) if critic else "none"
     return {"trainable": trainable, "critic": critic, "adam": adam, "use_ref": use_ref, "ref_bytes": ref_bytes}

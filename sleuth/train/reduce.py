@@ -2,7 +2,9 @@
 process would: sums and minima over ranks, whitening over the whole step's batch, metrics (counts
 summed, durations the slowest rank's, rates averaged), and the eval rows gathered back into order.
 Every function is a collective when a process group is joined (every rank must call it) and the
-plain single-process result otherwise."""
+plain single-process result otherwise. With ``rollout.workers`` the job's ranks split into training and
+rollout ranks (:func:`sleuth.train.distributed.init_distributed`); each rank's collectives then run over
+the ranks of its own role (:func:`group`)."""
 
 from __future__ import annotations
 
@@ -23,10 +25,24 @@ SUMMED = {
 }
 
 
+_GROUP = None  # rollout.workers: the process group of this rank's role; None: every rank
+
+
+def set_group(group) -> None:
+    """The process group this rank's collectives run over from now on (None: every rank)."""
+    global _GROUP
+    _GROUP = group
+
+
+def group():
+    """The process group of this rank's collectives (None: the whole job)."""
+    return _GROUP
+
+
 def world_info() -> tuple[int, bool]:
-    """``(world size, whether a process group is joined)``."""
+    """``(world size, whether a process group is joined)``: the ranks of this rank's role."""
     if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size(), True
+        return dist.get_world_size(_GROUP), True
     return 1, False
 
 
@@ -36,7 +52,7 @@ def all_ranks_true(finite: bool, device: torch.device) -> bool:
     if not on:
         return finite
     t = torch.tensor([1.0 if finite else 0.0], device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=_GROUP)
     return bool(t.item() > 0)
 
 
@@ -51,11 +67,11 @@ def global_whiten(values_BT: torch.Tensor, mask_BT: torch.Tensor, *, eps: float 
     m_BT = mask_BT.bool()
     x_BT = torch.where(m_BT, values_BT.detach(), 0.0).double()  # [B, T]
     first = torch.stack([x_BT.sum(), m_BT.sum().double()])  # [sum, count]
-    dist.all_reduce(first)
+    dist.all_reduce(first, group=_GROUP)
     count = first[1]
     mean = first[0] / count.clamp(min=1)
     sq = torch.where(m_BT, (x_BT - mean).square(), 0.0).sum().reshape(1)
-    dist.all_reduce(sq)
+    dist.all_reduce(sq, group=_GROUP)
     var = torch.where(count >= 2, sq[0] / (count - 1).clamp(min=1), torch.zeros_like(sq[0]))
     out_BT = (x_BT - mean) * torch.rsqrt(var + eps)
     return torch.where(m_BT, out_BT, 0.0).to(values_BT.dtype)
@@ -68,7 +84,7 @@ def reduce_metrics(metrics: dict[str, float], *, world_size: int, question_ids: 
     if world_size <= 1 or not dist.is_initialized():
         return {**metrics, "rollout/questions": float(len(set(question_ids)))}
     gathered_: list = [None] * world_size
-    dist.all_gather_object(gathered_, (metrics, list(question_ids)))
+    dist.all_gather_object(gathered_, (metrics, list(question_ids)), group=_GROUP)
     keys = sorted({k for m, _ in gathered_ for k in m})
     out: dict[str, float] = {}
     for k in keys:
@@ -87,7 +103,7 @@ def _reduced(values: list[float], device: torch.device | str, op) -> list[float]
     if not (dist.is_available() and dist.is_initialized()):
         return [float(v) for v in values]
     t = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(t, op=op)
+    dist.all_reduce(t, op=op, group=_GROUP)
     return t.tolist()
 
 
@@ -118,5 +134,5 @@ def all_gather_objects(obj, *, world_size: int) -> list:
     if world_size <= 1 or not dist.is_initialized():
         return [obj]
     out: list = [None] * world_size
-    dist.all_gather_object(out, obj)
+    dist.all_gather_object(out, obj, group=_GROUP)
     return out

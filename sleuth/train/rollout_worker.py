@@ -14,7 +14,8 @@ generated from, and batch ``v`` has been taken by the trainer before update ``v`
 for the version it needs under the slots' lock.
 
 :class:`RolloutWorker` builds what ``collect`` needs from the config (policy, tokenizer, format,
-retriever, reward, guide, question sampler at the trainer's cursor) and is the same object in both modes:
+retriever, reward, guide, question sampler at the trainer's cursor) and the KL term's frozen reference, whose
+logprobs it adds to each batch (the pass needs no current weights, so it runs beside the trainer's update) and is the same object in both modes:
 ``rollout.async_worker: process`` runs it in a spawned process (:func:`worker_main`, batches through a
 queue), ``inline`` in the trainer's process, one after the other (the same schedule with no overlap: the
 reference the process mode is tested against).
@@ -22,6 +23,7 @@ reference the process mode is tested against).
 
 from __future__ import annotations
 
+import copy
 import importlib
 import os
 import pickle
@@ -33,12 +35,14 @@ from pathlib import Path
 import torch
 
 from sleuth.build import build_format, build_retriever, build_reward, train_questions
-from sleuth.models import add_lora, compute_autocast, load_policy
+from sleuth.models import DTYPES, add_lora, compute_autocast, load_policy, reference_dtype
 from sleuth.train.checkpoint import latest_checkpoint
 from sleuth.train.collect import ScoredBatch, collect
 from sleuth.train.distributed import DistContext
 from sleuth.train.engine import RolloutEngine
 from sleuth.train.guide import make_guide
+from sleuth.train.layout import RowLayout
+from sleuth.train.learn import frozen_logprobs
 from sleuth.train.phase_memory import PhasePeaks
 from sleuth.train.sampler import QuestionSampler
 
@@ -102,10 +106,12 @@ class WeightSlots:
 class RolloutWorker:
     """Builds the rollout side from ``cfg`` and rolls out one step at a time (see the module doc)."""
 
-    def __init__(self, cfg, out: Path, *, cursor: dict, start: int, slots: WeightSlots, alive=lambda: True):
+    def __init__(self, cfg, out: Path, *, cursor: dict, start: int, slots: WeightSlots, alive=lambda: True,
+                 ctx: DistContext | None = None):
         # a vLLM engine stays awake: the update runs while it generates, so sleeping would free nothing for it
         cfg = replace(cfg, rollout=replace(cfg.rollout, vllm_sleep=False))
         self.cfg, self.out, self.start, self.slots, self.alive = cfg, Path(out), start, slots, alive
+        self.ctx = ctx or DistContext()  # rollout.workers: this rollout rank's place (its share, its collectives)
         mc = cfg.model
         self.policy, self.tokenizer = load_policy(mc.name_or_path, dtype="float32", device=mc.device,
                                                   gguf_file=mc.gguf_file)
@@ -113,11 +119,18 @@ class RolloutWorker:
             self.policy = add_lora(self.policy, rank=mc.lora_rank, alpha=mc.lora_alpha, targets=mc.lora_targets)
         self.policy.eval().requires_grad_(False)
         self.device = next(self.policy.parameters()).device
+        # the KL term's frozen reference lives here: its pass needs no current weights, so it runs beside the
+        # trainer's update instead of before it (a copy of the starting weights; LoRA: the policy's base)
+        self.use_ref = cfg.algo.kl_coef > 0 and cfg.algo.kl_mode != "none"
+        self.ref = None
+        if self.use_ref and mc.lora_rank == 0:
+            self.ref = copy.deepcopy(self.policy).to(DTYPES[reference_dtype(mc)])
+        self.layout = RowLayout.choose(cfg.train, self.policy, warn=False)
         self.fmt, self.retriever, self.reward_fn = build_format(cfg), build_retriever(cfg), build_reward(cfg)
         self.guide = make_guide(cfg, self.tokenizer, self.fmt)
         self.sampler = QuestionSampler(train_questions(cfg), seed=cfg.train.seed, shuffle=cfg.data.shuffle)
         self.sampler.load_state(cursor)
-        self.engine = RolloutEngine(cfg, self.policy, self.tokenizer, DistContext(), self.out)
+        self.engine = RolloutEngine(cfg, self.policy, self.tokenizer, self.ctx, self.out)
         self.version = None  # the weights the policy holds
 
     def batch(self, step: int) -> ScoredBatch:
@@ -134,8 +147,12 @@ class RolloutWorker:
         t0 = time.perf_counter()
         with compute_autocast(self.cfg.model.dtype, self.device):
             b = collect(step, sampler=self.sampler, engine=self.engine, fmt=self.fmt, retriever=self.retriever,
-                        reward_fn=self.reward_fn, cfg=self.cfg, ctx=DistContext(), peaks=PhasePeaks(self.device),
+                        reward_fn=self.reward_fn, cfg=self.cfg, ctx=self.ctx, peaks=PhasePeaks(self.device),
                         latest_checkpoint=lambda: latest_checkpoint(self.out), guide=self.guide)
+            if self.use_ref:
+                b.ref_logprobs_BT = frozen_logprobs(self.ref, self.policy, self.layout, b.input_ids_BT,
+                                                    b.attention_mask_BT, b.loss_mask_BT,
+                                                    max(self.cfg.rollout.temperature, 1e-6))
         b.metrics.update({"async/weights_version": float(version), "async/worker_wait_s": waited,
                           "async/worker_rollout_s": time.perf_counter() - t0})
         b.cursor = self.sampler.state()

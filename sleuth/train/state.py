@@ -86,9 +86,24 @@ def check_parallel_settings(cfg: Config, ctx: DistContext) -> bool:
         raise ConfigError(f"train.questions_per_step={tc.questions_per_step} must be divisible by the "
                           f"{ctx.world_size} ranks")
     par.check_parallel(tc.parallel)
-    if cfg.rollout.async_steps and ctx.world_size > 1:
-        raise ConfigError(f"rollout.async_steps={cfg.rollout.async_steps} runs in one process (its rollout worker "
-                          f"beside it); under torchrun ({ctx.world_size} ranks) set rollout.async_steps=0")
+    rc = cfg.rollout
+    if rc.workers and not rc.async_steps:
+        raise ConfigError(f"rollout.workers={rc.workers} splits the ranks for asynchronous rollouts: set "
+                          "rollout.async_steps >= 1, or rollout.workers=0")
+    if rc.async_steps and ctx.world_size > 1 and not rc.workers and rc.async_worker != "inline":
+        raise ConfigError(f"rollout.async_steps={rc.async_steps} runs in one process (its rollout worker beside it) "
+                          f"or over a split of the ranks (or inline, with no overlap); under torchrun ({ctx.world_size} ranks) set "
+                          f"rollout.workers={ctx.world_size // 2} and launch twice the ranks, or rollout.async_steps=0")
+    if rc.async_steps and tc.parallel == "fsdp" and ctx.world_size > 1:
+        raise ConfigError("rollout.async_steps under torchrun runs the training ranks under DDP only for now (the "
+                          "worker copies whole weights): set train.parallel=ddp")
+    if rc.workers and rc.backend == "vllm":
+        raise ConfigError("rollout.workers with rollout.backend=vllm is not supported yet (vLLM would build its "
+                          "process group over every rank): use rollout.backend=hf or hf_static on the rollout ranks, "
+                          "or run rollout.async_steps in one process")
+    if rc.workers and tc.on_collapse == "rollback":
+        raise ConfigError("train.on_collapse=rollback cannot restart the rollout ranks (rollout.workers): use "
+                          "train.on_collapse=stop or warn")
     if tc.share_prefix:
         clash = [name for name, on in (("train.remove_padding", tc.remove_padding),
                                        ("train.grad_checkpointing", tc.grad_checkpointing),
@@ -134,7 +149,7 @@ def build_state(cfg: Config, ctx: DistContext, sharded: bool) -> TrainState:
     ref = None
     if mc.lora_rank > 0:
         policy = add_lora(policy, rank=mc.lora_rank, alpha=mc.lora_alpha, targets=mc.lora_targets)
-    elif use_ref:
+    elif use_ref and not cfg.rollout.async_steps:  # asynchronous rollouts: the rollout worker holds it
         ref = copy.deepcopy(policy).eval().requires_grad_(False).to(DTYPES[reference_dtype(mc)])
         if tc.offload_reference:
             ref.to("cpu")  # train.offload_reference (FSDP: its shards, below)

@@ -308,3 +308,17 @@ def test_the_rollout_phase_of_a_tiny_gemma3_counts_its_whole_cache_within_25_per
     plan = make_plan(cfg, shape)
     measured = _measured_rollout_peak(model, rows, context)
     assert plan.rollout == pytest.approx(measured, rel=0.25), (plan.rollout, measured, plan.table())
+
+
+def test_asynchronous_rollouts_move_the_reference_out_and_a_split_of_the_ranks_counts_its_weight_buffers():
+    """rollout.async_steps: the rollout worker holds the KL term's reference, so the trainer's plan has none;
+    rollout.workers: the training rank holds N + 1 float32 copies of the weights on their way to its rollout rank."""
+    shape = ModelShape(params=10**8, layers=4, hidden=256, intermediate=512, kv_dim=64, heads=4, head_dim=64,
+                       vocab=32000, chunked_head=True)
+    cfg = _cfg()
+    cfg.algo.kl_coef, cfg.algo.kl_mode = 0.001, "loss"
+    assert make_plan(cfg, shape).items["reference"] == 4 * 10**8 and "weight buffers" not in make_plan(cfg, shape).items
+    cfg.rollout.async_steps = 2
+    assert make_plan(cfg, shape).items["reference"] == 0.0
+    cfg.rollout.workers = 1
+    assert make_plan(cfg, shape).items["weight buffers"] == 3 * 4 * 10**8

@@ -60,6 +60,12 @@ def test_a_batch_is_the_synchronous_collect_from_the_weights_n_updates_old_and_t
     got = [s for s in _samples(out) if s[0] == 3]
     records = [json.loads(json.dumps(trajectory_record(t))) for t in batch.trajectories]
     assert [(r["question_id"], r["sample_index"], r["reward"], r["segments"]) for r in records] == [s[1:] for s in got]
+    # the reference's logprobs, which the worker adds to its batch (it holds the reference): the sync trainer's
+    from sleuth.train.learn import reference_logprobs
+
+    with sync.compute():
+        batch.ref_logprobs_BT = reference_logprobs(sync.state, sync.layout, batch.input_ids_BT, batch.attention_mask_BT,
+                                                   batch.loss_mask_BT, max(sync.cfg.rollout.temperature, 1e-6))
     # update 3, synchronously: learn on that batch from the checkpoint of step 2 (old logprobs recomputed)
     learner = _trainer(world, tmp_path / "learner", [*ONE_THREAD, "rollout.async_steps=1", "rollout.async_worker=inline"])
     learner._resume(ckpt / "step_000002")
@@ -129,14 +135,28 @@ def test_a_worker_that_dies_stops_the_run_with_an_error_naming_it(world, tmp_pat
         trainer.close()
 
 
-def test_async_is_refused_under_torchrun_and_sync_is_unchanged(world, tmp_path):
+def test_async_under_torchrun_needs_a_split_of_the_ranks_or_inline(world, tmp_path, monkeypatch):
     from sleuth.config_file import ConfigError, load_config
-    from sleuth.train.distributed import DistContext
+    from sleuth.train.distributed import DistContext, init_distributed
     from sleuth.train.state import check_parallel_settings
 
-    cfg = load_config(None, _args(world, tmp_path / "x", 2, ["rollout.async_steps=1"])[5::2])
+    def cfg(*extra):
+        return load_config(None, _args(world, tmp_path / "x", 2, list(extra))[5::2])
+
     with pytest.raises(ConfigError, match="rollout.async_steps=1 runs in one process"):
-        check_parallel_settings(cfg, DistContext(0, 2, 0))
+        check_parallel_settings(cfg("rollout.async_steps=1"), DistContext(0, 2, 0))
+    check_parallel_settings(cfg("rollout.async_steps=1", "rollout.async_worker=inline"), DistContext(0, 2, 0))
+    split = DistContext(0, 2, 0, role="train", peer=2)
+    check_parallel_settings(cfg("rollout.async_steps=1", "rollout.workers=2"), split)
+    for extra, said in ((["rollout.workers=2"], "set rollout.async_steps >= 1"),
+                        (["rollout.async_steps=1", "rollout.workers=2", "train.parallel=fsdp"], "DDP only"),
+                        (["rollout.async_steps=1", "rollout.workers=2", "rollout.backend=vllm"], "not supported yet"),
+                        (["rollout.async_steps=1", "rollout.workers=2", "train.on_collapse=rollback"], "rollback")):
+        with pytest.raises(ConfigError, match=said):
+            check_parallel_settings(cfg(*extra), split)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    with pytest.raises(ConfigError, match="--nproc_per_node 2"):  # one process: no rank to split
+        init_distributed(workers=1)
 
 
 @pytest.mark.timeout(2400)  # a hang guard: ~1.5 min idle
