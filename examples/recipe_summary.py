@@ -148,7 +148,7 @@ def _plots(out: Path, recipe: Recipe) -> list[str]:
         name = "reward.png" if run == "rl" else f"reward_{run}.png"
         fig.savefig(out / name, dpi=110)
         plt.close(fig)
-        lines += [f"![{label}: reward, EM, searches and answered share per step]({name})", ""]
+        lines += [f"![{label} reward, EM, searches and answered share per step]({name})", ""]
     sft = _rows(out / "sft" / "metrics.jsonl")
     if sft:
         fig, ax = plt.subplots(figsize=(6, 3.2))

@@ -124,7 +124,7 @@ class RetrievalConfig:
 
 @_section
 class RolloutConfig:
-    format: Literal["search_r1", "r1_searcher", "tool_call", "search_r1_tiny", "r1_searcher_base"] = "search_r1"
+    format: Literal["search_r1", "r1_searcher", "tool_call", "r1_searcher_base", "search_r1_tiny"] = "search_r1"
     """Protocol format; search_r1_tiny is the short prompt of the embedded tiny model, r1_searcher_base
     R1-Searcher's prompt for base models (plain text ending ``Assistant: <think>``)."""
     group_size: Annotated[Int, Field(ge=1)] = 5

@@ -83,7 +83,7 @@ def test_the_recipe_evaluates_trains_from_zero_and_the_sft_route_then_skips_what
                 "| RL from zero | search, confirmation set |"):
         assert row in summary, row
     assert "RL from zero (search) minus base (search), EM, paired over 1 questions" in summary
-    assert "RL from zero (search) minus base (RAG)" in summary and "![RL from zero:" in summary
+    assert "RL from zero (search) minus base (RAG)" in summary and "![RL from zero reward" in summary
     again = _run(out, **env)  # everything is done: nothing runs twice
     assert again.returncode == 0, again.stderr[-3000:]
     assert "done already: rl" in again.stderr and "done already: eval base (rag)" in again.stderr

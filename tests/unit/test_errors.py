@@ -22,6 +22,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "sleuth"
 NOT_INPUT_ERRORS = {
     "sleuth.retrieval.client._TooSlow": "control flow inside the client: a request past its deadline is split "
                                         "and retried, never raised to the user",
+    "sleuth.train.rollout_ranks.StopRollouts": "control flow on a rollout rank: its training rank said stop, the "
+                                               "loop ends, never raised to the user",
 }
 
 
