@@ -45,6 +45,16 @@ def split_threads(cfg) -> tuple[int, int]:
     return max(1, total - worker), worker
 
 
+def raise_sent_error(item: tuple, who: str, setting: str):
+    """Raise the ``("error", exception or None, traceback text)`` a rollout worker or rank sent: its exception
+    with its traceback as a note, or (one that did not pickle) a RuntimeError holding the text."""
+    _, error, text = item
+    if error is None:
+        raise RuntimeError(f"{who} failed:\n{text}")
+    error.add_note(f"raised in {who} ({setting}), its traceback:\n{text}")
+    raise error
+
+
 def received(b: ScoredBatch, step: int, *, n: int, start: int, t0: float, device) -> ScoredBatch:
     """A batch the trainer got at ``perf_counter() - t0`` seconds of waiting: the schedule checked, moved to
     ``device``, ``async/*`` figures added, the step's clock started at ``t0``."""
@@ -100,11 +110,7 @@ class AsyncRollouts:
                                        f"{self.proc.exitcode} before sending step {step}'s batch; its output "
                                        "above says why") from None
         if item[0] == "error":
-            _, error, text = item
-            if error is None:
-                raise RuntimeError(f"the rollout worker failed:\n{text}")
-            error.add_note(f"raised in the rollout worker (rollout.async_steps), its traceback:\n{text}")
-            raise error
+            raise_sent_error(item, "the rollout worker", "rollout.async_steps")
         _, sent, b = item
         assert sent == step, (sent, step)
         return b

@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from sleuth.train.async_rollout import received
+from sleuth.train.async_rollout import raise_sent_error, received
 from sleuth.train.collect import ScoredBatch
 from sleuth.train.rollout_worker import RolloutWorker, version_for
 
@@ -157,11 +157,7 @@ class RankRollouts:
             self.taken = item[1]
         if item[0] == "error":
             self.failed = True
-            _, error, text = item
-            if error is None:
-                raise RuntimeError(f"rollout rank {self.ctx.peer} failed:\n{text}")
-            error.add_note(f"raised on rollout rank {self.ctx.peer} (rollout.workers), its traceback:\n{text}")
-            raise error
+            raise_sent_error(item, f"rollout rank {self.ctx.peer}", "rollout.workers")
         _, sent, b = item
         assert sent == step, (sent, step)
         return received(b, step, n=self.n, start=self.start, t0=t0, device=self.device)

@@ -12,25 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.component.test_gemma3_arch import tiny_gemma3
-from tests.e2e.test_train_e2e import ANSWERS, write_world_files
-from tests.helpers.tiny import tiny_tokenizer
+from tests.e2e.test_gemma3_e2e import world  # noqa: F401 - the tiny Gemma3 and its toy world, a fixture
 
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "gemma3_zero.sh"
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    root = tmp_path_factory.mktemp("gemma3_recipe_world")
-    tok = tiny_tokenizer()
-    tiny_gemma3(tok).save_pretrained(root / "model")
-    tok.save_pretrained(root / "model")
-    answers = [ANSWERS[i % 4] for i in range(4)]
-    write_world_files(root, lambda i: f"What is {answers[i]} known as ({i})", answers)
-    return root
 
 
 def _budget(world) -> str:
@@ -69,7 +56,7 @@ def test_the_recipe_evaluates_trains_from_zero_and_the_sft_route_then_skips_what
     rag = json.loads((out / "eval" / "base_rag" / "results.json").read_text())
     assert rag["summary"]["searches"] == 0  # RAG: the passages in the prompt, no search turn
     confirm = json.loads((out / "eval" / "rl_confirm" / "results.json").read_text())
-    assert confirm["summary"]["n"] == 4  # the whole confirmation file, not EVAL_LIMIT
+    assert confirm["summary"]["n"] == 8  # the whole confirmation file, not EVAL_LIMIT
     assert "time_limit_minutes: 30" in (out / "rl" / "config.yaml").read_text()
     sft_rl = (out / "sft_rl" / "config.yaml").read_text()
     assert f"name_or_path: {out / 'sft'}" in sft_rl and "time_limit_minutes: 30" not in sft_rl  # what SFT left
