@@ -44,19 +44,8 @@ mkdir -p "$OUT/done"
 OUT=$(cd "$OUT" && pwd)
 cd "$ROOT"  # the config's data paths are relative to the checkout
 CONFIG=${CONFIG:-configs/gemma3_zero.yaml}
-if [ -z "${SLEUTH:-}" ]; then
-  if [ -x .venv/bin/sleuth ]; then SLEUTH=.venv/bin/sleuth; else SLEUTH=sleuth; fi
-fi
-PYTHON=$(dirname "$(command -v "$SLEUTH")")/python
-[ -x "$PYTHON" ] || PYTHON=python3
-EVAL_LIMIT=${EVAL_LIMIT:-100}
-read -r -a EXTRA <<< "${SLEUTH_SET:-}"
-DTYPE=${DTYPE:-auto}
-if [ "$DTYPE" = auto ]; then
-  if "$PYTHON" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null \
-     || grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo 2>/dev/null; then DTYPE=bfloat16; else DTYPE=; fi
-fi
-[ -n "$DTYPE" ] && EXTRA+=(--set "model.dtype=$DTYPE")
+# shellcheck source=examples/recipe_env.sh
+source examples/recipe_env.sh  # SLEUTH, PYTHON, EVAL_LIMIT, EXTRA, DTYPE
 ZERO=("${EXTRA[@]}")  # the RL-from-zero route's settings
 [ "$REWARD" = r1_searcher ] && ZERO+=(--set rollout.format=r1_searcher_base)
 echo "model.dtype: ${DTYPE:-as configured}; reward: $REWARD" >&2

@@ -30,19 +30,8 @@ mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 cd "$ROOT"  # the config's data paths are relative to the checkout
 CONFIG=${CONFIG:-configs/smollm2_nq.yaml}
-if [ -z "${SLEUTH:-}" ]; then
-  if [ -x .venv/bin/sleuth ]; then SLEUTH=.venv/bin/sleuth; else SLEUTH=sleuth; fi
-fi
-PYTHON=$(dirname "$(command -v "$SLEUTH")")/python
-[ -x "$PYTHON" ] || PYTHON=python3
-EVAL_LIMIT=${EVAL_LIMIT:-100}
-read -r -a EXTRA <<< "${SLEUTH_SET:-}"
-DTYPE=${DTYPE:-auto}
-if [ "$DTYPE" = auto ]; then
-  if "$PYTHON" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null \
-     || grep -qwE 'avx512_bf16|amx_bf16' /proc/cpuinfo 2>/dev/null; then DTYPE=bfloat16; else DTYPE=; fi
-fi
-[ -n "$DTYPE" ] && EXTRA+=(--set "model.dtype=$DTYPE")
+# shellcheck source=examples/recipe_env.sh
+source examples/recipe_env.sh  # SLEUTH, PYTHON, EVAL_LIMIT, EXTRA, DTYPE
 echo "model.dtype: ${DTYPE:-as configured}" >&2
 TIMES="$OUT/times.tsv"
 
