@@ -305,8 +305,9 @@ class HFBackend:
         """Keys/values of one token sequence (batch of one, no padding)."""
         ids_1L = torch.tensor([ids], dtype=torch.long, device=self.device)
         pos_1L = torch.arange(len(ids), device=self.device)[None]
-        cache, mask = DynamicCache(config=self.model.config), None
-        if self._window is not None:  # every layer keeps every key (a sliding layer would drop the oldest)
+        if self._window is None:
+            cache, mask = DynamicCache(config=self.model.config), None
+        else:  # every layer keeps every key (a sliding layer would drop the oldest)
             cache = slot_cache(self.model, len(ids), None, 0)
             mask = window_masks(torch.ones_like(ids_1L, dtype=torch.bool), pos_1L[0], self._window,
                                 self._additive_dtype())

@@ -216,7 +216,7 @@ class RankRollouts:
             item = self._receive()
             if item[0] == "error":
                 self.failed = True
-                raise RuntimeError(f"rollout rank {self.ctx.peer} failed after the last step:\n{item[2]}")
+                raise_sent_error(item, f"rollout rank {self.ctx.peer}", "rollout.workers")
         if made < self.last:  # it waits for version published + 1: the stop instead
             buf = self._buffer(self.published + 1)
             buf[0] = STOP
@@ -225,9 +225,5 @@ class RankRollouts:
             if w is not None:
                 w.wait()
                 self.works[i] = None
-        if buf_device_is_cuda(self.bufs):
+        if self.bufs[0].device.type == "cuda":
             torch.cuda.synchronize()  # NCCL's wait() orders the stream only: the sends done before the group goes
-
-
-def buf_device_is_cuda(bufs: list[torch.Tensor]) -> bool:
-    return bool(bufs) and bufs[0].device.type == "cuda"
