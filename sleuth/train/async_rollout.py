@@ -10,8 +10,9 @@ keeps the rest of ``train.cpu_threads``) or on its own device placement (``model
 out in the trainer's process before each update, the same batches with no overlap (under torchrun too, each
 rank its share: the reference a split of the ranks, ``rollout.workers``, is tested against).
 
-The batch was sampled by older weights than the trainer holds, so the update recomputes the old logprobs
-with the current weights (the proximal policy of decoupled PPO) and, with ``algo.tis_cap``, weighs each
+The batch was sampled by older weights than the trainer holds, so the update takes the old logprobs from
+the current weights (the proximal policy of decoupled PPO; in one epoch of one mini-batch the update's own
+forward, detached: :func:`sleuth.train.learn.old_from_update`) and, with ``algo.tis_cap``, weighs each
 token by the truncated ratio to the behaviour policy whose logprobs the sampler returned
 (:func:`sleuth.algo.losses.tis_weights`). Figures per step: ``async/staleness`` (updates between the
 batch's weights and the trainer's), ``async/trainer_wait_s`` (the trainer idle for the batch),

@@ -1,6 +1,7 @@
 """The second half of a train step, ``learn``: a scored batch in, updated weights and metrics out.
 
-    old policy's logprobs (the sampler's where they are the same quantity) -> the reference's (the batch's,
+    old policy's logprobs (the sampler's where they are the same quantity; the update's own forward where the
+    old policy is the current one) -> the reference's (the batch's,
     computed by the rollout worker, under rollout.async_steps)
     -> the critic's values -> advantages -> policy_update -> the weights pushed to the engine
 
@@ -32,6 +33,32 @@ def sampler_logprobs_are_old(cfg, engine) -> bool:
             and cfg.rollout.temperature > 0)
 
 
+def old_from_update(cfg, policy) -> bool:
+    """Whether the update's own forward, detached, gives the old (proximal) policy's logprobs, so that no
+    separate no-grad pass is needed: one epoch of one mini-batch (no row's forward sees weights another row's
+    gradient has moved), no KL in the reward (the advantages need the old logprobs before the update), and no
+    dropout in training mode (the two passes would draw different masks). The ratio to the old policy is then
+    1 with the policy gradient's derivative, as in decoupled PPO with the proximal policy the current one; the
+    sampler's logprobs still enter through TIS (``algo.tis_cap``)."""
+    tc = cfg.train
+    return (tc.epochs == 1 and tc.mini_batches == 1 and not (cfg.algo.kl_mode == "reward" and cfg.algo.kl_coef > 0)
+            and dropout_free(policy))
+
+
+def dropout_free(model) -> bool:
+    """No dropout module with p > 0 and no ``*dropout*`` / ``*pdrop*`` rate above 0 in a model config found
+    among ``model``'s modules (LoRA's ``lora_dropout`` is a module; attention dropout is a config rate)."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout) and module.p > 0:
+            return False
+        config = getattr(module, "config", None)
+        if config is not None and hasattr(config, "to_dict"):
+            if any(isinstance(v, float) and v > 0 and ("dropout" in k or "pdrop" in k)
+                   for k, v in config.to_dict().items()):
+                return False
+    return True
+
+
 def learn(b: ScoredBatch, *, step: int, cfg, state, engine, layout, sampler_gap, peaks) -> dict[str, float]:
     """One update on ``b``; returns the step's metrics (``b.metrics`` first, then the update's and perf/)."""
     tc, metrics = cfg.train, b.metrics
@@ -41,6 +68,8 @@ def learn(b: ScoredBatch, *, step: int, cfg, state, engine, layout, sampler_gap,
     reuse = sampler_logprobs_are_old(cfg, engine)
     if reuse and not sampler_gap.needs_forward(step):
         old = b.sampler_logprobs_BT  # the same quantity: one no-grad forward saved
+    elif not reuse and old_from_update(cfg, policy):
+        old = None  # the update's own forward, detached (asynchronous rollouts, TIS, vLLM): one forward saved
     else:
         with par.gathered(policy):  # FSDP: the full weights for the no-grad forward
             old = layout.logprobs(policy, ids, att, temperature=temp, needed_BT=mask)

@@ -2,7 +2,7 @@
 
 With one on-policy pass (one epoch, one mini-batch, our HF decode at the training temperature) the
 rollout's logprobs are the old policy's, and the trainer skips a no-grad forward
-(``Trainer.sampler_logprobs_are_old``). On a CPU in float32 the two agree to float rounding. On a GPU
+(``learn.sampler_logprobs_are_old``). On a CPU in float32 the two agree to float rounding. On a GPU
 in bf16 they need not: the decode (one query position, GEMV-shaped products, the cache read step by
 step) and the trainer's full-sequence forward round differently, and the PPO ratio of the only
 mini-batch is then not 1 where it should be.

@@ -57,7 +57,9 @@ class UpdateBatch:
     attention_mask_BT: torch.Tensor
     loss_mask_BT: torch.Tensor
     advantages_BT: torch.Tensor
-    old_logprobs_BT: torch.Tensor  # the trainer's logprobs before the update
+    # the trainer's logprobs before the update; None: the update's own forward, detached (one epoch of one
+    # mini-batch only: :func:`sleuth.train.learn.old_from_update`)
+    old_logprobs_BT: torch.Tensor | None
     sampler_logprobs_BT: torch.Tensor | None = None  # the sampler's (for TIS)
     ref_logprobs_BT: torch.Tensor | None = None  # the frozen reference's (for the KL loss)
     returns_BT: torch.Tensor | None = None  # critic targets (GAE)
@@ -120,7 +122,7 @@ def _micro_loss(policy, b: UpdateBatch, rows: list[int], algo: AlgoConfig, denom
         needed_BT=mask_BT,  # the output layer at trained positions only
         packed=layout.packed, shared_prefix=layout.shared_prefix,
     )
-    old_BT = take(b.old_logprobs_BT)
+    old_BT = lp_BT.detach() if b.old_logprobs_BT is None else take(b.old_logprobs_BT)
     tis_BT = None
     if algo.tis_cap is not None and b.sampler_logprobs_BT is not None:
         tis_BT = tis_weights(old_BT, take(b.sampler_logprobs_BT), mask_BT, cap=algo.tis_cap)
@@ -197,6 +199,8 @@ def policy_update(
         raise ValueError("train_policy=False (critic warm-up) needs a critic (algo.advantage=gae)")
     if mini_batches < 1 or mini_batches > B:
         raise ConfigError(f"train.mini_batches must be in [1, {B}] for a batch of {B} rows, got {mini_batches}")
+    assert batch.old_logprobs_BT is not None or (epochs == 1 and mini_batches == 1), \
+        "old logprobs from the update's own forward hold for one epoch of one mini-batch only"
     device = next(policy.parameters()).device
     gen = torch.Generator().manual_seed(seed)
     stats = _UpdateStats(lr=optimizer.param_groups[0]["lr"],  # the rate this update uses (the scheduler moves it after)

@@ -405,3 +405,55 @@ def test_guide_rows_add_their_coefficient_times_the_supervised_gradient():
             torch.testing.assert_close(got[n], expected[n], rtol=1e-4, atol=1e-6)
         assert metrics["guide/rows"] == 2.0
         assert metrics["guide/loss"] == pytest.approx(float(lm_loss(base, sft_ids, sft_labels, sft_mask)), rel=1e-5)
+
+
+def test_old_logprobs_from_the_update_forward_equal_a_separate_no_grad_pass():
+    """One epoch of one mini-batch: ``old_logprobs_BT=None`` (the update's own forward, detached) gives the same
+    step as the old logprobs from a separate no-grad pass, with TIS against stale sampler logprobs, in
+    micro-batches; and the ratio to the old policy is 1 (nothing clipped)."""
+    tok = tiny_tokenizer()
+    ids, att, loss_mask = _batch(tok, seed=4)
+    base = tiny_model(tok, seed=1).train()
+    algo = AlgoConfig(clip_low=0.2, clip_high=0.28, kl_coef=0.0, tis_cap=1.5)
+    old = batched_logprobs(base, ids, att, micro_batch_size=4)
+    # the behaviour policy: older weights, some tokens far enough for the cap to bite
+    sampler = old + 0.7 * torch.tensor([[(-1) ** (b + t) for t in range(ids.shape[1])] for b in range(4)]) * loss_mask
+    adv, _ = compute_advantages(algo, torch.tensor([1.0, 0.0, 0.0, 1.0]), ["q1", "q1", "q2", "q2"], loss_mask)
+    stepped = []
+    for old_BT in (old, None):
+        pol = copy.deepcopy(base)
+        opt = torch.optim.SGD(pol.parameters(), lr=0.1)
+        batch = UpdateBatch(ids, att, loss_mask, adv, old_BT, sampler_logprobs_BT=sampler)
+        metrics = policy_update(pol, opt, batch, algo, RowLayout("padded", 2), grad_clip=None)
+        stepped.append((pol, metrics))
+    (p_sep, m_sep), (p_upd, m_upd) = stepped
+    assert abs(m_sep["algo/loss"] - m_upd["algo/loss"]) < 1e-6 and m_upd["algo/clipfrac"] == 0.0
+    assert abs(m_upd["algo/ratio_mean"] - 1.0) < 1e-6
+    for p, q in zip(p_upd.parameters(), p_sep.parameters()):
+        torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5)
+    assert any(not torch.equal(p, q) for p, q in zip(p_upd.parameters(), base.parameters()))  # it did step
+    with pytest.raises(AssertionError, match="one epoch of one mini-batch"):
+        policy_update(copy.deepcopy(base), torch.optim.SGD(base.parameters(), lr=0.1),
+                      UpdateBatch(ids, att, loss_mask, adv, None), algo, RowLayout("padded", 2), mini_batches=2)
+
+
+def test_old_from_update_only_where_the_old_policy_is_the_current_one():
+    from sleuth.config import Config
+    from sleuth.train.learn import dropout_free, old_from_update
+
+    tok = tiny_tokenizer()
+    model = tiny_model(tok, seed=1)
+    cfg = Config()
+    assert dropout_free(model) and old_from_update(cfg, model)
+    cfg.train.mini_batches = 2
+    assert not old_from_update(cfg, model)
+    cfg.train.mini_batches, cfg.train.epochs = 1, 2
+    assert not old_from_update(cfg, model)
+    cfg.train.epochs, cfg.algo.kl_mode, cfg.algo.kl_coef = 1, "reward", 0.01  # advantages need them first
+    assert not old_from_update(cfg, model)
+    cfg.algo.kl_mode = "loss"
+    model.config.attention_dropout = 0.1
+    assert not dropout_free(model) and not old_from_update(cfg, model)
+    model.config.attention_dropout = 0.0
+    model.model.layers[0].add_module("drop", torch.nn.Dropout(0.1))
+    assert not dropout_free(model)
