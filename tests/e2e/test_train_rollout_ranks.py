@@ -2,12 +2,15 @@
 the same schedule without the split. Four ranks (two training, two generating) train exactly as two DDP ranks
 whose rollout worker runs inline (the same batches, losses and final weights); two ranks (one of each) that
 stop on ``train.time_limit_minutes`` after the first of five steps exit cleanly (the rollout rank's batch in flight
-taken, then the stop it waits for sent) with the same first step as one process with an inline worker."""
+taken, then the stop it waits for sent) with the same first step as one process with an inline worker; a rollout
+rank killed mid-run ends the run with a failure naming it (no hang)."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -49,12 +52,12 @@ train: {{total_steps: {STEPS}, questions_per_step: 4, micro_batch_size: 2, lr: 0
     return root
 
 
-def _launch(root: Path, out: Path, ranks: int, *sets: str) -> subprocess.Popen:
+def _launch(root: Path, out: Path, ranks: int, *sets: str, env: dict | None = None) -> subprocess.Popen:
     launcher = ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks)]
                 if ranks > 1 else [sys.executable])
     cmd = [*launcher, "-m", "sleuth", "train", "--config", str(root / "tiny.yaml"), "--out", str(out), "--json",
            *[x for s in sets for x in ("--set", s)]]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -65,7 +68,10 @@ def runs(setup):
     procs = {"split": _launch(setup, setup / "split", 4, "rollout.workers=2"),
              "inline": _launch(setup, setup / "inline", 2, "rollout.async_worker=inline"),
              "split_stop": _launch(setup, setup / "split_stop", 2, "rollout.workers=1", *stop),
-             "one_stop": _launch(setup, setup / "one_stop", 1, "rollout.async_worker=inline", *stop)}
+             "one_stop": _launch(setup, setup / "one_stop", 1, "rollout.async_worker=inline", *stop),
+             "split_killed": _launch(setup, setup / "split_killed", 2, "rollout.workers=1", "train.total_steps=400",
+                                     env={"SLEUTH_TEST_RUN": "split_killed"})}
+    _kill_rollout_rank_after_a_step(procs["split_killed"], setup / "split_killed" / "metrics.jsonl", "split_killed")
     done = {}
     for name, proc in procs.items():
         try:
@@ -75,6 +81,23 @@ def runs(setup):
             stdout, stderr = proc.communicate()
         done[name] = (proc.returncode, stdout, stderr)
     return done
+
+
+def _kill_rollout_rank_after_a_step(proc: subprocess.Popen, metrics: Path, tag: str) -> None:
+    """SIGKILL the rollout rank (RANK=1) of the run started with ``SLEUTH_TEST_RUN=tag`` once it has trained a step
+    (as the kernel's out-of-memory killer would)."""
+    deadline = time.monotonic() + 600  # a hang guard
+    while proc.poll() is None and time.monotonic() < deadline:
+        if metrics.exists() and metrics.read_text().strip():
+            for environ in Path("/proc").glob("[0-9]*/environ"):
+                try:
+                    env = dict(kv.split("=", 1) for kv in environ.read_text().split("\0") if "=" in kv)
+                except OSError:  # gone, or not ours
+                    continue
+                if env.get("SLEUTH_TEST_RUN") == tag and env.get("RANK") == "1":
+                    os.kill(int(environ.parent.name), signal.SIGKILL)
+                    return
+        time.sleep(0.2)
 
 
 def _metrics(out: Path) -> list[dict]:
@@ -116,3 +139,14 @@ def test_a_split_run_stopped_by_the_clock_ends_cleanly_after_the_same_step_as_on
     assert len(split) == len(one) == 1
     for k in one[0]:
         assert split[0][k] == pytest.approx(one[0][k], rel=1e-6, abs=1e-9), k
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds the rollout rank through /proc")
+def test_a_rollout_rank_that_dies_stops_the_run_with_an_error_naming_it(setup, runs):
+    """The rollout rank killed (SIGKILL) after the first step of 400: the run ends (no hang on the training rank's
+    wait for its next batch) with a failure that names the dead rank, and nothing more was trained."""
+    returncode, stdout, stderr = runs["split_killed"]
+    assert returncode != 0, stdout[-2000:] + stderr[-4000:]
+    assert "rank: 1" in stderr and ("Signal 9" in stderr or "SIGKILL" in stderr or "exitcode: -9" in stderr), stderr[-4000:]
+    steps = [json.loads(line)["step"] for line in (setup / "split_killed" / "metrics.jsonl").read_text().splitlines()]
+    assert 1 <= len(steps) < 400
