@@ -36,6 +36,7 @@ from sleuth.sft.synthesize import synthesize
 from sleuth.data.transcripts import Transcript, encode, load_transcripts, read_transcripts, write_transcripts
 from sleuth.train.checkpoint import latest_checkpoint
 from sleuth.train.distributed import init_distributed
+from sleuth.train.host_memory import release_freed_memory
 from sleuth.train.logging import MetricsLogger, truncate_logs
 from sleuth.train.rundir import check_run_dir, warn_changed_settings, write_run_config
 from sleuth.train.sft import supervised_step
@@ -151,6 +152,7 @@ class SFTTrainer:
                                   micro_batch_size=tc.micro_batch_size,
                                   max_tokens=tc.max_tokens_per_micro_batch, grad_clip=tc.grad_clip)
         self.state.scheduler.step()
+        release_freed_memory()  # CPU: what the step freed back to the system (train/host_memory)
         seconds = time.perf_counter() - t0
         return {"sft/loss": out["loss"], "sft/trained_tokens": out["tokens"], "sft/skipped_steps": out["skipped"],
                 "sft/epoch": self.step * sc.batch_size / len(self.rows), "algo/grad_norm": out["grad_norm"],

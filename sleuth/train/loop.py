@@ -40,6 +40,7 @@ from sleuth.train.collect import ScoredBatch, collect
 from sleuth.train.distributed import init_distributed
 from sleuth.train.engine import RolloutEngine
 from sleuth.train.guide import make_guide
+from sleuth.train.host_memory import release_freed_memory
 from sleuth.train.layout import RowLayout
 from sleuth.train.learn import learn, sampler_logprobs_are_old
 from sleuth.train.logging import MetricsLogger, truncate_logs
@@ -175,6 +176,7 @@ class Trainer:
             raise
         metrics = reduce.reduce_metrics(metrics, world_size=self.ctx.world_size,
                                         question_ids=[q.id for q in batch.questions])
+        release_freed_memory()  # CPU: what the step freed back to the system (train/host_memory)
         return metrics, batch.trajectories
 
     def collect(self) -> ScoredBatch:

@@ -41,6 +41,7 @@ from sleuth.train.collect import ScoredBatch, collect
 from sleuth.train.distributed import DistContext
 from sleuth.train.engine import RolloutEngine
 from sleuth.train.guide import make_guide
+from sleuth.train.host_memory import release_freed_memory
 from sleuth.train.layout import RowLayout
 from sleuth.train.learn import frozen_logprobs
 from sleuth.train.phase_memory import PhasePeaks
@@ -153,6 +154,7 @@ class RolloutWorker:
                 b.ref_logprobs_BT = frozen_logprobs(self.ref, self.policy, self.layout, b.input_ids_BT,
                                                     b.attention_mask_BT, b.loss_mask_BT,
                                                     max(self.cfg.rollout.temperature, 1e-6))
+        release_freed_memory()  # CPU: what the rollout freed back to the system (train/host_memory)
         b.metrics.update({"async/weights_version": float(version), "async/worker_wait_s": waited,
                           "async/worker_rollout_s": time.perf_counter() - t0})
         b.cursor = self.sampler.state()

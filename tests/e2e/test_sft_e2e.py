@@ -27,10 +27,17 @@ def _metrics(run: Path) -> list[dict]:
 
 
 def test_sft_runs_resumes_exactly_and_feeds_train(tmp_path, monkeypatch, capsys):
+    from sleuth.sft import loop as sft_loop
+    from sleuth.train import loop as train_loop
+
+    trims = []  # train/host_memory: each trainer hands freed memory back once a step
+    monkeypatch.setattr(sft_loop, "release_freed_memory", lambda: trims.append("sft"))
+    monkeypatch.setattr(train_loop, "release_freed_memory", lambda: trims.append("train"))
     run = cli_runner(monkeypatch, capsys, ["sleuth.sft.cli", "sleuth.train.cli"])
     straight, halves = tmp_path / "straight", tmp_path / "halves"
     rc, out, err = run("sft", "--config", CONFIG, "--out", straight, *SMALL, "--set", "sft.steps=4", "--json")
     assert rc == 0, err
+    assert trims == ["sft"] * 4
     summary = json.loads(out.strip().splitlines()[-1])
     assert summary["step"] == 4 and summary["transcripts"] > 0 and "kept: one search" in err
     assert (straight / "transcripts.jsonl").is_file() and (straight / "config.yaml").is_file()
@@ -57,6 +64,7 @@ def test_sft_runs_resumes_exactly_and_feeds_train(tmp_path, monkeypatch, capsys)
                        "--set", "train.eval_limit=2", "--set", "train.cpu_threads=1", "--json")
     assert rc == 0, err
     assert json.loads(out.strip().splitlines()[-1])["step"] == 1
+    assert trims[-1:] == ["train"] and trims.count("train") == 1
 
 
 def test_sft_from_a_runs_samples(tmp_path, monkeypatch, capsys):
