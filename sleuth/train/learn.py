@@ -48,11 +48,13 @@ def old_from_update(cfg, policy) -> bool:
 def dropout_free(model) -> bool:
     """No dropout module with p > 0 and no ``*dropout*`` / ``*pdrop*`` rate above 0 in a model config found
     among ``model``'s modules (LoRA's ``lora_dropout`` is a module; attention dropout is a config rate)."""
+    seen = set()  # transformers' layers share their model's config: each read once
     for module in model.modules():
         if isinstance(module, torch.nn.Dropout) and module.p > 0:
             return False
         config = getattr(module, "config", None)
-        if config is not None and hasattr(config, "to_dict"):
+        if config is not None and hasattr(config, "to_dict") and id(config) not in seen:
+            seen.add(id(config))
             if any(isinstance(v, float) and v > 0 and ("dropout" in k or "pdrop" in k)
                    for k, v in config.to_dict().items()):
                 return False
