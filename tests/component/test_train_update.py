@@ -436,24 +436,3 @@ def test_old_logprobs_from_the_update_forward_equal_a_separate_no_grad_pass():
         policy_update(copy.deepcopy(base), torch.optim.SGD(base.parameters(), lr=0.1),
                       UpdateBatch(ids, att, loss_mask, adv, None), algo, RowLayout("padded", 2), mini_batches=2)
 
-
-def test_old_from_update_only_where_the_old_policy_is_the_current_one():
-    from sleuth.config import Config
-    from sleuth.train.learn import dropout_free, old_from_update
-
-    tok = tiny_tokenizer()
-    model = tiny_model(tok, seed=1)
-    cfg = Config()
-    assert dropout_free(model) and old_from_update(cfg, model)
-    cfg.train.mini_batches = 2
-    assert not old_from_update(cfg, model)
-    cfg.train.mini_batches, cfg.train.epochs = 1, 2
-    assert not old_from_update(cfg, model)
-    cfg.train.epochs, cfg.algo.kl_mode, cfg.algo.kl_coef = 1, "reward", 0.01  # advantages need them first
-    assert not old_from_update(cfg, model)
-    cfg.algo.kl_mode = "loss"
-    model.config.attention_dropout = 0.1
-    assert not dropout_free(model) and not old_from_update(cfg, model)
-    model.config.attention_dropout = 0.0
-    model.model.layers[0].add_module("drop", torch.nn.Dropout(0.1))
-    assert not dropout_free(model)
