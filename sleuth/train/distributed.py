@@ -71,16 +71,19 @@ def _block_classes(model: torch.nn.Module) -> set[str]:
 def shard(model: torch.nn.Module, mesh=None, *, offload: bool = False) -> torch.nn.Module:
     """Apply FSDP2 in place: each decoder block, then the root (embeddings, norm, head, the rest).
 
-    Works on CPU with gloo and on GPUs with nccl; ``mesh`` defaults to all ranks on this
+    Works on CPU with gloo and on GPUs with nccl; ``mesh`` defaults to the ranks of this rank's role
+    (:func:`sleuth.train.reduce.group`: the training ranks under ``rollout.workers``, else all) on this
     process's device type. ``offload`` (GPU meshes; a no-op on CPU): the shards live in pinned CPU
     memory (FSDP2's ``CPUOffloadPolicy``) and are copied to the GPU when gathered.
     """
-    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
     if mesh is None:
         kind = "cuda" if torch.cuda.is_available() else "cpu"
-        mesh = init_device_mesh(kind, (dist.get_world_size(),))
+        group = reduce.group()
+        mesh = (init_device_mesh(kind, (dist.get_world_size(),)) if group is None
+                else DeviceMesh.from_group(group, kind))
     policy = CPUOffloadPolicy(pin_memory=True) if offload and mesh.device_type == "cuda" else OffloadPolicy()
     names = _block_classes(model)
     for block in [m for m in model.modules() if type(m).__name__ in names]:
@@ -95,6 +98,16 @@ def is_sharded(model: torch.nn.Module | None) -> bool:
     from torch.distributed.fsdp import FSDPModule
 
     return isinstance(model, FSDPModule)
+
+
+def full_tensors(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """``model``'s state dict, each tensor whole, in its order: an FSDP model's shards gathered one tensor at
+    a time (a collective: every rank of its mesh iterates the same way, to the end); the tensors themselves
+    otherwise (not copies)."""
+    from torch.distributed.tensor import DTensor
+
+    for k, v in model.state_dict().items():
+        yield k, (v.full_tensor() if isinstance(v, DTensor) else v)
 
 
 @contextlib.contextmanager

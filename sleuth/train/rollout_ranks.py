@@ -1,10 +1,10 @@
 """Asynchronous rollouts over a split of the ``torchrun`` ranks (``rollout.workers: K`` with
-``rollout.async_steps: N``; verl's one-step-off split): ranks ``0..K-1`` train (DDP among themselves), ranks
-``K..2K-1`` generate. Rollout rank ``i`` runs the :class:`~sleuth.train.rollout_worker.RolloutWorker` a single
+``rollout.async_steps: N``; verl's one-step-off split): ranks ``0..K-1`` train (DDP or FSDP among themselves),
+ranks ``K..2K-1`` generate. Rollout rank ``i`` runs the :class:`~sleuth.train.rollout_worker.RolloutWorker` a single
 process would spawn, as training rank ``i``'s share of every step (its context: rank ``i`` of ``K``; dynamic
 sampling's collectives run over the rollout ranks), and sends each batch to training rank ``i``. Training rank
 ``i`` broadcasts its weights to rollout rank ``i`` after every update (every training rank holds the same
-weights, so each pair moves its own copy):
+weights, so each pair moves its own copy; under FSDP the training ranks gather each tensor first, together):
 
     training rank i:  learn(t) -> weights v(t) --(the pair's weights group, asynchronous broadcast)--> rollout rank i
     rollout rank i:   collect(t + 1) from v(t - N) --(the pair's batch group, send)--> training rank i
@@ -41,6 +41,7 @@ import torch.distributed as dist
 
 from sleuth.train.async_rollout import raise_sent_error, received
 from sleuth.train.collect import ScoredBatch
+from sleuth.train.distributed import full_tensors
 from sleuth.train.rollout_worker import RolloutWorker, version_for
 
 STOP = -1.0  # the header of the broadcast that ends a rollout rank's loop
@@ -51,7 +52,8 @@ class StopRollouts(Exception):
 
 
 def _weights(model: torch.nn.Module) -> list[torch.Tensor]:
-    """The floating-point tensors of ``model``'s state dict, in its order (both sides hold the same model)."""
+    """The floating-point tensors of ``model``'s state dict, in its order (both sides hold the same model; an
+    FSDP model's are DTensors, whose ``numel`` is the whole tensor's)."""
     return [v for v in model.state_dict().values() if v.is_floating_point()]
 
 
@@ -185,9 +187,10 @@ class RankRollouts:
         buf[0] = float(step)
         with torch.no_grad():
             offset = 1
-            for t in _weights(policy):
-                buf[offset: offset + t.numel()].copy_(t.detach().reshape(-1))
-                offset += t.numel()
+            for _, t in full_tensors(policy):  # FSDP: each tensor gathered over the training ranks (all flush together)
+                if t.is_floating_point():
+                    buf[offset: offset + t.numel()].copy_(t.detach().reshape(-1))
+                    offset += t.numel()
         self.works[step % len(self.bufs)] = dist.broadcast(buf, src=self.me, group=self.ctx.weights_group,
                                                            async_op=True)
         self.published = step

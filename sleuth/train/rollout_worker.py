@@ -38,7 +38,7 @@ from sleuth.build import build_format, build_retriever, build_reward, train_ques
 from sleuth.models import DTYPES, add_lora, compute_autocast, load_policy, reference_dtype
 from sleuth.train.checkpoint import latest_checkpoint
 from sleuth.train.collect import ScoredBatch, collect
-from sleuth.train.distributed import DistContext
+from sleuth.train.distributed import DistContext, full_tensors
 from sleuth.train.engine import RolloutEngine
 from sleuth.train.guide import make_guide
 from sleuth.train.host_memory import release_freed_memory
@@ -61,8 +61,8 @@ class WeightSlots:
     from a multiprocessing context (``None``: one process)."""
 
     def __init__(self, model: torch.nn.Module, n: int, mp_context=None):
-        state = model.state_dict()
-        self.slots = [{k: torch.empty_like(v, device="cpu") for k, v in state.items()} for _ in range(n)]
+        state = model.state_dict()  # an FSDP model's: DTensors, whose shape is the whole tensor's
+        self.slots = [{k: torch.empty(v.shape, dtype=v.dtype) for k, v in state.items()} for _ in range(n)]
         if mp_context is not None:
             for slot in self.slots:
                 for t in slot.values():
@@ -75,11 +75,11 @@ class WeightSlots:
             self.versions, self.cond = [-1] * n, threading.Condition()
 
     def publish(self, version: int, model: torch.nn.Module) -> float:
-        """Copy ``model``'s weights in as ``version``; the seconds it took."""
+        """Copy ``model``'s weights in as ``version`` (an FSDP model's gathered: a collective); the seconds it took."""
         t0 = time.perf_counter()
         i = version % len(self.slots)
         with self.cond, torch.no_grad():
-            for k, v in model.state_dict().items():
+            for k, v in full_tensors(model):
                 self.slots[i][k].copy_(v.detach())
             self.versions[i] = version
             self.cond.notify_all()

@@ -94,9 +94,6 @@ def check_parallel_settings(cfg: Config, ctx: DistContext) -> bool:
         raise ConfigError(f"rollout.async_steps={rc.async_steps} runs in one process (its rollout worker beside it) "
                           f"or over a split of the ranks (or inline, with no overlap); under torchrun ({ctx.world_size} ranks) set "
                           f"rollout.workers={ctx.world_size // 2} and launch twice the ranks, or rollout.async_steps=0")
-    if rc.async_steps and tc.parallel == "fsdp" and ctx.world_size > 1:
-        raise ConfigError("rollout.async_steps under torchrun runs the training ranks under DDP only for now (the "
-                          "worker copies whole weights): set train.parallel=ddp")
     if rc.workers and rc.backend == "vllm":
         raise ConfigError("rollout.workers with rollout.backend=vllm is not supported yet (vLLM would build its "
                           "process group over every rank): use rollout.backend=hf or hf_static on the rollout ranks, "

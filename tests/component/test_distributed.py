@@ -107,6 +107,7 @@ def _fsdp_checkpoint(model, batch, rank, world, tmp_dir):
     """AdamW under FSDP: update, checkpoint as the trainer does, forwards under ``gathered``, a
     second update; then a fresh sharded model resumed from the checkpoint makes the second update."""
     from sleuth.train.checkpoint import load_optimizer_state, load_policy_weights, optimizer_state
+    from sleuth.train.rollout_worker import WeightSlots
     from tests.helpers.tiny import tiny_model, tiny_tokenizer
 
     mine = _rows(batch, rank, world)
@@ -114,6 +115,8 @@ def _fsdp_checkpoint(model, batch, rank, world, tmp_dir):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     _update(model, opt, mine)
     full, optim = par.full_model_state(model), optimizer_state(model, opt, sharded=True)  # collectives
+    slots = WeightSlots(model, 1)  # async rollouts' weight copy (rollout.async_worker: inline under torchrun)
+    slots.publish(0, model)  # a collective: each tensor gathered whole
     if rank == 0:
         par.plain_model(model, full).save_pretrained(tmp_dir / "ckpt" / "policy")
         torch.save(optim, tmp_dir / "optim.pt")
@@ -134,7 +137,8 @@ def _fsdp_checkpoint(model, batch, rank, world, tmp_dir):
     par.shard(blank)
     load_policy_weights(blank, tmp_dir / "ckpt")
     _update(blank, torch.optim.AdamW(blank.parameters(), lr=1e-2), mine)
-    return {"went_on": went_on, "resumed": par.full_model_state(fresh), "logits": logits,
+    return {"went_on": went_on, "resumed": par.full_model_state(fresh), "logits": logits, "full": full,
+            "published": slots.slots[0],
             "no_optimizer_state": par.full_model_state(blank)}
 
 
@@ -225,6 +229,9 @@ def test_fsdp_gathered_forward_checkpoint_and_optimizer_resume(ranks):
     for name, p in loaded.state_dict().items():
         torch.testing.assert_close(p, after_one[name], atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(got["logits"], logits, atol=1e-4, rtol=1e-4)  # gathered = full weights
+    assert got["published"].keys() == got["full"].keys()
+    for name, p in got["full"].items():  # the weights an async worker is sent: whole, as the checkpoint's
+        assert torch.equal(got["published"][name], p), name
     for name, p in single.state_dict().items():
         torch.testing.assert_close(got["went_on"][name], p, atol=1e-5, rtol=1e-4)  # FSDP = one process
         torch.testing.assert_close(got["resumed"][name], got["went_on"][name], atol=1e-6, rtol=0)

@@ -148,8 +148,8 @@ def test_async_under_torchrun_needs_a_split_of_the_ranks_or_inline(world, tmp_pa
     check_parallel_settings(cfg("rollout.async_steps=1", "rollout.async_worker=inline"), DistContext(0, 2, 0))
     split = DistContext(0, 2, 0, role="train", peer=2)
     check_parallel_settings(cfg("rollout.async_steps=1", "rollout.workers=2"), split)
+    check_parallel_settings(cfg("rollout.async_steps=1", "rollout.workers=2", "train.parallel=fsdp"), split)
     for extra, said in ((["rollout.workers=2"], "set rollout.async_steps >= 1"),
-                        (["rollout.async_steps=1", "rollout.workers=2", "train.parallel=fsdp"], "DDP only"),
                         (["rollout.async_steps=1", "rollout.workers=2", "rollout.backend=vllm"], "not supported yet"),
                         (["rollout.async_steps=1", "rollout.workers=2", "train.on_collapse=rollback"], "rollback")):
         with pytest.raises(ConfigError, match=said):

@@ -1,6 +1,7 @@
 """``rollout.workers``: asynchronous rollouts over a split of the ``torchrun`` ranks (CPU, gloo), compared with
 the same schedule without the split. Four ranks (two training, two generating) train exactly as two DDP ranks
-whose rollout worker runs inline (the same batches, losses and final weights); two ranks (one of each) that
+whose rollout worker runs inline (the same batches, losses and final weights), and with FSDP among the training
+ranks as with DDP among them; two ranks (one of each) that
 stop on ``train.time_limit_minutes`` after the first of five steps exit cleanly (the rollout rank's batch in flight
 taken, then the stop it waits for sent) with the same first step as one process with an inline worker; a rollout
 rank killed mid-run ends the run with a failure naming it (no hang)."""
@@ -66,6 +67,7 @@ def runs(setup):
     """Every run at once (most of each run's time is its processes importing torch)."""
     stop = ("train.time_limit_minutes=0.0001", "train.total_steps=5")  # stops after its first step of 5
     procs = {"split": _launch(setup, setup / "split", 4, "rollout.workers=2"),
+             "split_fsdp": _launch(setup, setup / "split_fsdp", 4, "rollout.workers=2", "train.parallel=fsdp"),
              "inline": _launch(setup, setup / "inline", 2, "rollout.async_worker=inline"),
              "split_stop": _launch(setup, setup / "split_stop", 2, "rollout.workers=1", *stop),
              "one_stop": _launch(setup, setup / "one_stop", 1, "rollout.async_worker=inline", *stop),
@@ -128,6 +130,24 @@ def test_two_training_and_two_rollout_ranks_train_as_two_ranks_with_inline_rollo
     assert any(not torch.equal(w_split[k], start[k]) for k in start)  # it trained
     for k in w_inline:
         torch.testing.assert_close(w_split[k], w_inline[k], rtol=1e-6, atol=1e-7, msg=k)
+
+
+def test_fsdp_training_ranks_train_as_ddp_training_ranks(setup, runs):
+    """FSDP among the training ranks (each tensor gathered before its pair's broadcast) against DDP among them:
+    the same batches, losses and final weights, to float rounding (the gradients are averaged in another order)."""
+    returncode, stdout, stderr = runs["split_fsdp"]
+    assert returncode == 0, stdout[-2000:] + stderr[-6000:]
+    fsdp, ddp = _metrics(setup / "split_fsdp"), _metrics(setup / "split")
+    assert [r["step"] for r in fsdp] == list(range(1, STEPS + 1)) and fsdp[-1]["async/staleness"] == 1.0
+    for a, b in zip(fsdp, ddp):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert a[k] == pytest.approx(b[k], rel=1e-5, abs=1e-7), (a["step"], k)
+    w_fsdp, w_ddp, start = _weights(setup / "split_fsdp"), _weights(setup / "split"), _weights(setup / "model")
+    assert any(not torch.equal(w_fsdp[k], start[k]) for k in start)  # it trained
+    for k in w_ddp:
+        # Adam turns the rounding of a near-zero gradient into up to ~2e-6 (measured); training moved them ~3e-2
+        torch.testing.assert_close(w_fsdp[k], w_ddp[k], rtol=1e-5, atol=1e-5, msg=k)
 
 
 def test_a_split_run_stopped_by_the_clock_ends_cleanly_after_the_same_step_as_one_process(setup, runs):
