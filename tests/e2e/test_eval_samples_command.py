@@ -31,9 +31,11 @@ def test_sampled_eval_writes_every_sample_and_pass_at_k(world, tmp_path, capsys)
     qa, corpus = world
     out = tmp_path / "ev"
     argv = ["eval", "--model", "tiny", "--data", str(qa), "--corpus", str(corpus), "--out", str(out),
-            "--samples", "4", "--temperature", "1.0", "--no-cache", "--json"]
+            "--samples", "4", "--temperature", "1.0", "--no-cache", "--json", "--batch-size", "8"]
     assert main(argv) == 0
-    line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    said = capsys.readouterr()
+    line = json.loads(said.out.strip().splitlines()[-1])
+    assert "eval: 2/3 questions" in said.err  # --batch-size counts rollouts: 8 // 4 = 2 questions a batch
     rows = [json.loads(x) for x in (out / "trajectories.jsonl").read_text().splitlines()]
     assert len(rows) == 12 and sorted({r["sample"] for r in rows}) == [0, 1, 2, 3]
     assert all(r["reward"] == r["em"] for r in rows)
