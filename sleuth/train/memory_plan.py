@@ -33,7 +33,9 @@ What is counted (bytes per rank; P parameters, P_t trainable, N ranks, FSDP divi
 * KV cache of generation: ``rows x max_context_tokens x 2 x layers x KV x dtype bytes`` for the rows
   generating at once (``rollout.max_concurrent_rows``, else every row of the rank's share).
 
-Static = master weights + the AdamW state, reference and critic held on the device. Peak = the
+Static = master weights + the AdamW state, reference and critic held on the device (with asynchronous
+rollouts also the worker beside the trainer, its whole float32 policy and reference, or under
+``rollout.workers`` the N + 1 weight buffers on their way to the rollout rank). Peak = the
 largest phase: rollout (static + compute copy, or under FSDP the gathered weights, + KV cache),
 update (static + compute copy + gradients + activations + output layer), the reference pass (under
 FSDP or offloaded: static + the whole reference) and the optimizer step (static + gradients +
@@ -259,6 +261,11 @@ def _held_terms(plan: MemoryPlan, cfg: Config, shape: ModelShape, shard: int, fs
     if cfg.rollout.workers:  # train/rollout_ranks.py: N + 1 float32 copies of the weights on their way to the rollout rank
         it["weight buffers"] = (cfg.rollout.async_steps + 1) * 4 * P
         notes["weight buffers"] = f"{cfg.rollout.async_steps + 1} float32 copies sent to the rollout rank"
+    elif cfg.rollout.async_steps:  # the worker beside the trainer (inline, or its process on the same device)
+        worker_ref = ref_bytes if cfg.algo.kl_coef > 0 and cfg.algo.kl_mode != "none" and mc.lora_rank == 0 else 0
+        it["rollout worker"] = 4 * P + worker_ref  # whole, whatever the trainer's sharding (train/rollout_worker.py)
+        notes["rollout worker"] = ("its float32 policy" + (f" and reference ({ref_dtype})" if worker_ref else "")
+                                   + ", whole; its weight slots in host memory not counted")
     it["critic"] = (8 if tc.offload_optimizer else 16) * P / shard if critic else 0.0
     notes["critic"] = ("weights, gradients" + ("" if tc.offload_optimizer else ", AdamW state")) if critic else "none"
     return {"trainable": trainable, "critic": critic, "adam": adam, "use_ref": use_ref, "ref_bytes": ref_bytes}

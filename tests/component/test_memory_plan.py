@@ -312,7 +312,8 @@ def test_the_rollout_phase_of_a_tiny_gemma3_counts_its_whole_cache_within_25_per
 
 def test_asynchronous_rollouts_move_the_reference_out_and_a_split_of_the_ranks_counts_its_weight_buffers():
     """rollout.async_steps: the rollout worker holds the KL term's reference, so the trainer's plan has none;
-    rollout.workers: the training rank holds N + 1 float32 copies of the weights on their way to its rollout rank."""
+    rollout.workers: the training rank holds N + 1 float32 copies of the weights on their way to its rollout rank;
+    otherwise the worker beside the trainer holds its whole policy and the reference."""
     shape = ModelShape(params=10**8, layers=4, hidden=256, intermediate=512, kv_dim=64, heads=4, head_dim=64,
                        vocab=32000, chunked_head=True)
     cfg = _cfg()
@@ -320,5 +321,8 @@ def test_asynchronous_rollouts_move_the_reference_out_and_a_split_of_the_ranks_c
     assert make_plan(cfg, shape).items["reference"] == 4 * 10**8 and "weight buffers" not in make_plan(cfg, shape).items
     cfg.rollout.async_steps = 2
     assert make_plan(cfg, shape).items["reference"] == 0.0
+    # the worker beside the trainer holds a whole float32 policy and the reference, even when the trainer shards
+    assert make_plan(cfg, shape, world_size=2).items["rollout worker"] == 4 * 10**8 + 4 * 10**8
     cfg.rollout.workers = 1
     assert make_plan(cfg, shape).items["weight buffers"] == 3 * 4 * 10**8
+    assert "rollout worker" not in make_plan(cfg, shape).items  # it is another rank's

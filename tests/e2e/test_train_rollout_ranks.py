@@ -137,6 +137,9 @@ def test_fsdp_training_ranks_train_as_ddp_training_ranks(setup, runs):
     the same batches, losses and final weights, to float rounding (the gradients are averaged in another order)."""
     returncode, stdout, stderr = runs["split_fsdp"]
     assert returncode == 0, stdout[-2000:] + stderr[-6000:]
+    ckpt = sorted((setup / "split_fsdp" / "checkpoints").glob("step_*"))[-1]
+    optim = torch.load(ckpt / "trainer_state.pt", weights_only=False)["optimizer"]
+    assert all(isinstance(p, str) for g in optim["param_groups"] for p in g["params"])  # FSDP's: keyed by name
     fsdp, ddp = _metrics(setup / "split_fsdp"), _metrics(setup / "split")
     assert [r["step"] for r in fsdp] == list(range(1, STEPS + 1)) and fsdp[-1]["async/staleness"] == 1.0
     for a, b in zip(fsdp, ddp):
