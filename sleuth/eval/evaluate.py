@@ -159,7 +159,7 @@ def evaluate(
     each row with its ``sample`` index and its ``reward`` (its exact match; ``sleuth.eval.sampled``).
     ``batch_size`` counts rollouts, so ``batch_size // samples`` questions go in a call (at least one): the
     memory a batch takes (its KV cache) stays that of a greedy batch (64 questions x 8 samples of SmolLM2-135M
-    at a 1,024-token context held ~20 GB on a CPU).
+    at a 1,024-token context took 20-24 GiB on a CPU, until the kernel's OOM killer ended it; 256 rollouts: ~10).
 
     ``rag``: the retrieval-augmented baseline (``sleuth.eval.rag``): the question's top-``topk`` passages in
     the prompt, one answer, no search turns. ``backend`` defaults to ``HFBackend(model, tokenizer)``. ``judge`` (an ``LLMJudge``) adds a
