@@ -208,7 +208,13 @@ class RewardConfig:
     retrieval_score: Float = 0.0
     """lambda_retrieval of the Search-R1 v0.3 composite."""
     final_format_score: Float = 0.0
-    """Reward for a well-formed response with a wrong answer (Search-R1 v0.3)."""
+    """Reward for a wrong answer in a response that is *not* well-formed (Search-R1 v0.3's last branch)."""
+    read_corrective: Bool = True
+    """Whether the reward reads the invalid-action messages the environment injects, as Search-R1 does. Their
+    text holds ``<answer> and </answer>``, so a response of invalid actions "answers" ``and``: a wrong answer in
+    an invalid format, ``final_format_score`` under ``search_r1_v03``, which a base model learns to collect by
+    writing invalid actions (Gemma-3-270M did within 6 steps, docs/results.md). False: the reward reads the
+    policy's turns and the observations only."""
     search_cost: Annotated[Float, Field(ge=0)] = 0.0
     """Subtracted from a trajectory's reward per search it executed, so budget-aware policies can be trained
     (``rollout/searches_mean`` and eval's searches per question report the spend). 0: searches are free."""

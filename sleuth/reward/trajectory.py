@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from sleuth.records import segment_roles
 from sleuth.reward.metrics import AnswerScores, Golds, score_prediction
 from sleuth.reward.tags import is_valid_format
 from sleuth.types import Trajectory
@@ -25,12 +26,21 @@ def answer_scores(traj: Trajectory) -> AnswerScores:
     return score_prediction(traj.answer, traj.question.golden_answers)
 
 
+def reward_text(traj: Trajectory, *, read_corrective: bool = True) -> str:
+    """The text a reward reads: the response (``traj.response_text``), or with ``read_corrective`` False the
+    response without the invalid-action messages the environment injected (``reward.read_corrective``)."""
+    if read_corrective:
+        return traj.response_text
+    return "".join(s.text for s, role in zip(traj.segments[1:], segment_roles(traj)) if role != "corrective")
+
+
 def assign_rewards(trajs: Sequence[Trajectory], reward_fn: Callable[[str, Golds], float], *,
-                   search_cost: float = 0.0) -> list[float]:
-    """``reward_fn(response_text, golden_answers)`` of each trajectory, less ``search_cost`` per search it
-    executed (``reward.search_cost``), stored in ``traj.reward`` and returned (in the order of ``trajs``)."""
-    rewards = [float(reward_fn(t.response_text, t.question.golden_answers)) - search_cost * t.num_searches
-               for t in trajs]  # x - 0.0 is x: no cost changes nothing
+                   search_cost: float = 0.0, read_corrective: bool = True) -> list[float]:
+    """``reward_fn(response_text, golden_answers)`` of each trajectory (:func:`reward_text`), less ``search_cost``
+    per search it executed (``reward.search_cost``), stored in ``traj.reward`` and returned (in the order of
+    ``trajs``)."""
+    rewards = [float(reward_fn(reward_text(t, read_corrective=read_corrective), t.question.golden_answers))
+               - search_cost * t.num_searches for t in trajs]  # x - 0.0 is x: no cost changes nothing
     for t, r in zip(trajs, rewards):
         t.reward = r
     return rewards

@@ -86,7 +86,8 @@ def collect(step: int, *, sampler, engine, fmt, retriever, reward_fn, cfg, ctx, 
     ids, att, mask = rb.input_ids_BT.to(device), rb.attention_mask_BT.to(device), rb.loss_mask_BT.to(device)
     group_ids, mask = _leave_out_failed_searches(trajs, rb.group_ids, mask, metrics, cfg, step, latest_checkpoint)
     if rewards is None:
-        rewards = assign_rewards(trajs, reward_fn, search_cost=cfg.reward.search_cost)  # also kept in t.reward
+        rewards = assign_rewards(trajs, reward_fn, search_cost=cfg.reward.search_cost,  # also kept in t.reward
+                                 read_corrective=cfg.reward.read_corrective)
         metrics.update(reward_metrics(trajs, rewards))
         metrics.update(group_diagnostics(trajs, rewards))
     rewards, mask = _overlong(trajs, rewards, mask, tc, metrics)

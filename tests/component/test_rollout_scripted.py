@@ -129,6 +129,25 @@ def test_invalid_turns_get_the_corrective_message_then_stop(tok, fmt):
     assert m["rollout/invalid"] == 2
 
 
+def test_the_reward_reads_the_corrective_message_unless_told_not_to(tok, fmt):
+    """Search-R1's invalid-action message holds `<answer> and </answer>`: read with the response (Search-R1, the
+    default), invalid actions "answer" `and`, a wrong answer in an invalid format (final_format_score 0.1 under the
+    v0.3 reward); with reward.read_corrective false they earn nothing."""
+    from sleuth.reward.search_r1 import format_reward
+    from sleuth.reward.trajectory import assign_rewards, reward_text
+
+    trajs, _, _ = roll(tok, fmt, ["Answer </answer>"], max_invalid=1)
+    t = trajs[0]
+    assert t.stop_reason is StopReason.INVALID_ACTION and "<answer> and </answer>" in fmt.render_invalid()
+
+    def v03(response, golds):
+        return format_reward(response, golds, structure_format_score=0.2, final_format_score=0.1)
+
+    assert assign_rewards(trajs, v03) == [pytest.approx(0.1)]
+    assert assign_rewards(trajs, v03, read_corrective=False) == [0.0] and t.reward == 0.0
+    assert reward_text(t, read_corrective=False) == "Answer </answer>" * 2  # the two turns, no message
+
+
 def test_invalid_then_recovery(tok, fmt):
     trajs, _, _ = roll(tok, fmt, ["oops </answer>", ANSWER], max_invalid=1)
     assert trajs[0].stop_reason is StopReason.ANSWERED and trajs[0].num_invalid == 1
