@@ -70,8 +70,12 @@ def learn(b: ScoredBatch, *, step: int, cfg, state, engine, layout, sampler_gap,
     reuse = sampler_logprobs_are_old(cfg, engine)
     if reuse and not sampler_gap.needs_forward(step):
         old = b.sampler_logprobs_BT  # the same quantity: one no-grad forward saved
-    elif not reuse and old_from_update(cfg, policy):
-        old = None  # the update's own forward, detached (asynchronous rollouts, TIS, vLLM): one forward saved
+    elif (not reuse or sampler_gap.recompute) and old_from_update(cfg, policy):
+        # the update's own forward, detached (asynchronous rollouts, TIS, vLLM, or the sampler's logprobs found
+        # too far from the trainer's): one forward saved
+        old = None
+        if reuse:
+            metrics["train/old_logprobs_recomputed"] = 1.0
     else:
         with par.gathered(policy):  # FSDP: the full weights for the no-grad forward
             old = layout.logprobs(policy, ids, att, temperature=temp, needed_BT=mask)

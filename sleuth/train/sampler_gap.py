@@ -10,8 +10,11 @@ mini-batch is then not 1 where it should be.
 :class:`SamplerGap` measures it: on check steps the trainer also runs the forward, uses its logprobs
 (they are there) and logs the gap at the trained tokens: ``rollout/sampler_gap_mean`` and ``_max``
 (|sampler - trainer| logprob) and ``rollout/sampler_ratio_dev_max`` (max |exp(trainer - sampler) - 1|).
-When the mean gap exceeds ``train.sampler_max_gap`` the run recomputes the old logprobs at every
-step from then on (a warning says so; ``train/old_logprobs_recomputed`` is 1 in every later step).
+When the mean gap exceeds ``train.sampler_max_gap`` the run takes the old logprobs from the trainer at every
+step from then on (a warning says so; ``train/old_logprobs_recomputed`` is 1 in every later step): from the
+update's own forward, detached, where ``learn.old_from_update`` holds (one epoch of one mini-batch, no KL in the
+reward, no dropout: the ratio is then exactly 1, at no cost), else from a separate no-grad forward, which also
+logs the gap at every step.
 Check steps: every ``train.sampler_check_every`` steps from step 1; None (default) means every 10
 steps where it can matter (a GPU, or bf16/float16 compute) and never on a CPU in float32. A check step
 trains with the trainer's logprobs as the old policy's (they are there): the setting is a training setting.
@@ -64,5 +67,6 @@ class SamplerGap:
             self.recompute = True
             print(f"sleuth: step {step}: the sampler's logprobs differ from the trainer's by "
                   f"{worst:.3g} on average (train.sampler_max_gap {self.max_gap:g}); "
-                  "the old policy's logprobs are recomputed with a forward pass from now on", file=sys.stderr)
+                  "the old policy's logprobs are the trainer's from now on (the update's own forward where one "
+                  "epoch of one mini-batch allows, else a forward pass)", file=sys.stderr)
         return out

@@ -500,10 +500,11 @@ def test_one_on_policy_pass_reuses_the_samplers_logprobs(world, tmp_path, monkey
     assert not two.sampler_logprobs_are_old()
 
 
-def test_the_sampler_gap_is_checked_and_a_large_one_switches_to_recomputing(world, tmp_path, capsys):
+def test_the_sampler_gap_is_checked_and_a_large_one_switches_to_recomputing(world, tmp_path, capsys, monkeypatch):
     """On check steps the trainer's forward computes the old logprobs too and the gap is logged (float
-    rounding on CPU); a gap above train.sampler_max_gap makes every later step recompute them. CPU float32
-    runs check nothing by default (the test above: no forward)."""
+    rounding on CPU); a gap above train.sampler_max_gap makes every later step take them from the trainer: the
+    update's own forward where one epoch of one mini-batch allows (no separate pass), a separate forward with KL
+    in the reward. CPU float32 runs check nothing by default (the test above: no forward)."""
     from sleuth.train.sampler_gap import SamplerGap
 
     trainer = _trainer(world, tmp_path / "check", ["algo.kl_coef=0", "train.sampler_check_every=1"])
@@ -516,10 +517,23 @@ def test_the_sampler_gap_is_checked_and_a_large_one_switches_to_recomputing(worl
                                                    "train.sampler_max_gap=0"])
     strict.step = 1
     strict.train_step()  # step 1 is a check step; any gap > 0 trips it
-    assert strict.sampler_gap.recompute and "recomputed with a forward pass" in capsys.readouterr().err
+    assert strict.sampler_gap.recompute and "logprobs are the trainer's from now on" in capsys.readouterr().err
+    import sleuth.train.layout as layout
+
+    calls, real_logprobs = [], layout.batched_logprobs
+    monkeypatch.setattr(layout, "batched_logprobs", lambda *a, **kw: calls.append(1) or real_logprobs(*a, **kw))
     strict.step = 2
-    metrics, _ = strict.train_step()  # not a check step, recomputed all the same
-    assert metrics["train/old_logprobs_recomputed"] == 1.0
+    metrics, _ = strict.train_step()  # not a check step: the trainer's logprobs all the same
+    # one epoch of one mini-batch, no KL in the reward: from the update's own forward (no separate pass)
+    assert metrics["train/old_logprobs_recomputed"] == 1.0 and calls == []
+    kl = _trainer(world, tmp_path / "kl", ["algo.kl_coef=0.01", "algo.kl_mode=reward", "train.sampler_check_every=5",
+                                           "train.sampler_max_gap=0"])
+    kl.step = 1
+    kl.train_step()
+    kl.step = 2
+    metrics, _ = kl.train_step()  # KL in the reward needs the old logprobs before the update: a separate pass
+    assert kl.sampler_gap.recompute and metrics["train/old_logprobs_recomputed"] == 1.0
+    assert "rollout/sampler_gap_mean" in metrics and calls
     strict.save()  # the switch is kept in the checkpoint: a resumed run recomputes too
     from sleuth.config_file import load_config
     from sleuth.train.loop import Trainer
