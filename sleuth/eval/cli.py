@@ -80,8 +80,9 @@ def register(sub) -> None:
     p.add_argument("--limit", type=int, default=None,
                    help="at most N questions per data source of each file: the first N of each source, in "
                         "file order (a merged Search-R1 test.parquet gives N of every dataset)")
-    p.add_argument("--batch-size", type=int, default=64, help="rollouts per batched call (default 64): 64 questions, or 64 // N with --samples N "
-                        "(the batch's memory grows with its rollouts)")
+    p.add_argument("--batch-size", type=int, default=64,
+                   help="rollouts per batched call (default 64): that many questions, or that // N with --samples N "
+                        "(a batch's memory grows with its rollouts)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cache-dir", default=None,
                    help="retrieval cache directory (default $SLEUTH_CACHE or ~/.cache/sleuth)")
