@@ -251,7 +251,8 @@ def _held_terms(plan: MemoryPlan, cfg: Config, shape: ModelShape, shard: int, fs
     notes["AdamW state"] = f"{trainable / 1e6:.1f}M trainable parameters" + (
         "; offloaded: in CPU memory, on the device at the optimizer step only" if tc.offload_optimizer else "")
     # asynchronous rollouts: the rollout worker holds the reference (train/rollout_worker.py)
-    use_ref = cfg.algo.kl_coef > 0 and cfg.algo.kl_mode != "none" and mc.lora_rank == 0 and not cfg.rollout.async_steps
+    kl_ref = cfg.algo.kl_coef > 0 and cfg.algo.kl_mode != "none" and mc.lora_rank == 0  # a reference is held
+    use_ref = kl_ref and not cfg.rollout.async_steps
     ref_dtype = reference_dtype(mc)
     ref_bytes = DTYPE_BYTES[ref_dtype] * P  # the whole reference
     it["reference"] = ref_bytes / shard if use_ref and not tc.offload_reference else 0.0
@@ -262,7 +263,7 @@ def _held_terms(plan: MemoryPlan, cfg: Config, shape: ModelShape, shard: int, fs
         it["weight buffers"] = (cfg.rollout.async_steps + 1) * 4 * P
         notes["weight buffers"] = f"{cfg.rollout.async_steps + 1} float32 copies sent to the rollout rank"
     elif cfg.rollout.async_steps:  # the worker beside the trainer (inline, or its process on the same device)
-        worker_ref = ref_bytes if cfg.algo.kl_coef > 0 and cfg.algo.kl_mode != "none" and mc.lora_rank == 0 else 0
+        worker_ref = ref_bytes if kl_ref else 0
         it["rollout worker"] = 4 * P + worker_ref  # whole, whatever the trainer's sharding (train/rollout_worker.py)
         notes["rollout worker"] = ("its float32 policy" + (f" and reference ({ref_dtype})" if worker_ref else "")
                                    + ", whole; its weight slots in host memory not counted")
