@@ -54,9 +54,25 @@ def check_k(k: int) -> None:
         raise ValueError(f"k must be an integer >= 1, got {k!r}")
 
 
-def _make_tokenizer(params: BM25Params):
+def import_bm25s():
+    """bm25s, imported so that it takes no GPU memory. Its import runs a JAX top-k whenever JAX is installed
+    (bm25s/selection.py), and JAX on a GPU maps 75% of the device's memory at its first use: on an H100 the
+    GPU recipe found 59.4 of 79.2 GiB taken outside PyTorch from the moment the retriever was built and ran
+    out of memory in its first update (docs/benchmarks.md, GPU check). So JAX, if present, is told to run on
+    the CPU and not to preallocate (``JAX_PLATFORMS``, ``XLA_PYTHON_CLIENT_PREALLOCATE``), unless the user
+    set them; Sleuth's own searches never use JAX."""
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    import bm25s
     import bm25s.tokenization
+
+    return bm25s
+
+
+def _make_tokenizer(params: BM25Params):
     import Stemmer
+
+    bm25s = import_bm25s()
 
     stemmer = Stemmer.Stemmer(params.stemmer) if params.stemmer else None
     return bm25s.tokenization.Tokenizer(stopwords=params.stopwords or None, stemmer=stemmer)
@@ -90,8 +106,7 @@ def build_bm25(store: CorpusStore, out_dir: str | Path, params: BM25Params | Non
     and writes them into the term-major (CSC) arrays, opened as memory-mapped ``.npy`` files of
     their final size. Peak memory: one batch of pairs, the vocabulary, and per-term counters.
     """
-    import bm25s
-
+    bm25s = import_bm25s()
     params = params or BM25Params()
     if params.method not in ("lucene", "robertson", "atire"):
         return _build_bm25_in_memory(store, out_dir, params, show_progress)
@@ -199,7 +214,7 @@ _TFC = {  # bm25s' term-frequency components (tf, k1 * ((1 - b) + b * l_d / l_av
 def _build_bm25_in_memory(store: CorpusStore, out_dir: str | Path, params: BM25Params, show_progress: bool) -> dict:
     """bm25s' own ``index`` (every passage's token ids in memory): the BM25L / BM25+ variants, whose
     non-occurrence terms the streaming build does not compute."""
-    import bm25s
+    bm25s = import_bm25s()
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -221,7 +236,7 @@ class BM25Retriever:
     """BM25 search over a saved index and its corpus store (satisfies ``Retriever``)."""
 
     def __init__(self, bm25_dir: str | Path, store: CorpusStore):
-        import bm25s
+        bm25s = import_bm25s()
 
         bm25_dir = Path(bm25_dir)
         params_path = bm25_dir / PARAMS_FILE
@@ -420,5 +435,6 @@ class BM25Retriever:
         term_ids = self.query_term_ids(query)
         if not term_ids:
             return []
-        rows, scores = self.model.retrieve([term_ids], k=min(k, len(self.store)), show_progress=False)
+        rows, scores = self.model.retrieve([term_ids], k=min(k, len(self.store)), show_progress=False,
+                                          backend_selection="numpy")  # never JAX's (import_bm25s)
         return [self.store.get(int(r), float(s)) for r, s in zip(rows[0], scores[0]) if s > 0]

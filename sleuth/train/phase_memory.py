@@ -6,9 +6,12 @@ phase alone (what the allocator caches beyond it is not counted, as the plan doe
 ``mem/<phase>_plan_gib`` is :mod:`sleuth.train.memory_plan`'s figure for the same phase, so a run's
 metrics show how far the plan is from what happened. ``mem/<phase>_outside_torch_gib`` is the device
 memory in use at the phase's end beyond what PyTorch's allocator holds (``mem_get_info`` less
-``memory_reserved``: CUDA contexts, libraries' own allocations, other processes): on an H100 a GPU-config
-run ran out of memory in its first update with 60 of 79 GiB outside the allocator (2026-11-27, not yet
-explained), which these figures locate by phase. Elsewhere (CPU) it records nothing.
+``memory_reserved``: CUDA contexts, libraries' own allocations, other processes) and
+``mem/<phase>_cached_gib`` what the allocator holds beyond its tensors (``memory_reserved`` less
+``memory_allocated``: freed blocks kept for reuse, and fragmentation). On an H100 a GPU-config run ran out of
+memory in its first update with 60 of 79 GiB outside the allocator; these figures, and a probe
+(``bench/gpu_mem_probe.py``), traced it to JAX's preallocation, set off by bm25s' import
+(:func:`sleuth.retrieval.bm25.import_bm25s`). Elsewhere (CPU) it records nothing.
 """
 
 from __future__ import annotations
@@ -33,7 +36,9 @@ class PhasePeaks:
         name = phase.replace(" ", "_")
         self.figures[f"mem/{name}_peak_gib"] = torch.cuda.max_memory_allocated(self.device) / GIB
         free, total = torch.cuda.mem_get_info(self.device)
-        self.figures[f"mem/{name}_outside_torch_gib"] = (total - free - torch.cuda.memory_reserved(self.device)) / GIB
+        reserved = torch.cuda.memory_reserved(self.device)
+        self.figures[f"mem/{name}_outside_torch_gib"] = (total - free - reserved) / GIB
+        self.figures[f"mem/{name}_cached_gib"] = (reserved - torch.cuda.memory_allocated(self.device)) / GIB
         planned = [self.plan.phases[p][0] for p in plan_phases or (phase,) if self.plan and p in self.plan.phases]
         if planned:
             self.figures[f"mem/{name}_plan_gib"] = max(planned) / GIB

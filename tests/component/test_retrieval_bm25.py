@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -338,3 +339,18 @@ def test_pruned_ranking_equals_the_dense_sum_on_random_corpora(tmp_path, monkeyp
                 assert rows_k.tolist() == w_rows.tolist(), (q, k, window, ratio, seeds)
                 assert scores_k.tolist() == w_scores.tolist(), (q, k, window, ratio, seeds)
             assert r.counts["queries_pruned"] == len(queries)
+
+
+def test_bm25s_is_imported_with_jax_kept_off_the_gpu(monkeypatch):
+    """bm25s' import runs a JAX top-k when JAX is installed, and JAX on a GPU maps 75% of its memory at once
+    (59.4 of 79.2 GiB on an H100: the GPU recipe's out-of-memory). Sleuth imports it with JAX on the CPU, not
+    preallocating, unless the user said otherwise."""
+    from sleuth.retrieval.bm25 import import_bm25s
+
+    for name in ("JAX_PLATFORMS", "XLA_PYTHON_CLIENT_PREALLOCATE"):
+        monkeypatch.delenv(name, raising=False)
+    assert import_bm25s().BM25 is not None
+    assert os.environ["JAX_PLATFORMS"] == "cpu" and os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+    monkeypatch.setenv("JAX_PLATFORMS", "cuda")  # the user's choice is kept
+    import_bm25s()
+    assert os.environ["JAX_PLATFORMS"] == "cuda"

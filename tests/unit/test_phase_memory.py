@@ -24,6 +24,7 @@ def test_each_phase_gets_its_own_peak_and_the_plans_figure(monkeypatch):
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda d=None: state["peak"])
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d=None: (70 * gib, 80 * gib))  # 10 GiB in use
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda d=None: state["peak"] + gib)  # cached: 1 more
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d=None: state["peak"] // 2)  # half of it freed since
     plan = MemoryPlan(phases={"rollout": (3 * gib, ""), "update": (5 * gib, ""), "optimizer step": (6 * gib, "")})
     peaks = PhasePeaks(torch.device("cuda"), plan)
     assert state["resets"] == 1
@@ -33,10 +34,11 @@ def test_each_phase_gets_its_own_peak_and_the_plans_figure(monkeypatch):
     state["peak"] = 7 * gib
     peaks.mark("update", "update", "optimizer step")  # the larger of the two planned phases
     assert peaks.figures == {"mem/rollout_peak_gib": 4.0, "mem/rollout_plan_gib": 3.0,
-                             "mem/rollout_outside_torch_gib": 5.0,
+                             "mem/rollout_outside_torch_gib": 5.0, "mem/rollout_cached_gib": 3.0,
                              "mem/logprob_passes_peak_gib": 0.0, "mem/logprob_passes_outside_torch_gib": 9.0,
+                             "mem/logprob_passes_cached_gib": 1.0,
                              "mem/update_peak_gib": 7.0, "mem/update_plan_gib": 6.0,
-                             "mem/update_outside_torch_gib": 2.0}
+                             "mem/update_outside_torch_gib": 2.0, "mem/update_cached_gib": 4.5}
     assert state["resets"] == 4
 
 
