@@ -1,11 +1,12 @@
 """Asynchronous rollouts against synchronous ones, measured in one run: steps per hour and reward per step.
 
     python bench/async.py [--model DIR] [--steps 6] [--curve-steps 20] [--latency 0.3] [--threads 2] [--json] [--tiny]
+                          [--config FILE] [--set KEY=VALUE ...]
 
 The retriever is BM25 over ``../shared/data/corpus/wiki_dev.jsonl`` behind the Search-R1 ``/retrieve`` server
 (``sleuth serve``'s app, in a thread of this process), each request held ``--latency`` seconds before it is
 answered (what web search or a loaded 21M-passage server costs). Each arm is a ``sleuth train`` process on
-``configs/smollm2_nq.yaml`` (bf16 compute, the recipe's shape: 4 questions x 8 samples a step) from
+``configs/smollm2_nq.yaml`` (or ``--config``; bf16 compute, the recipe's shape: 4 questions x 8 samples a step) from
 ``--model`` (an SFT run: the base model never searches, so retrieval would cost nothing):
 
 * ``sync`` (``rollout.async_steps=0``, ``train.cpu_threads=T``) and ``async`` (``async_steps=1``, the same T
@@ -96,6 +97,9 @@ def main(argv=None) -> int:
     p.add_argument("--latency", type=float, default=0.3, help="seconds each retrieval request is held")
     p.add_argument("--threads", type=int, default=2, help="CPU threads in all, for either arm")
     p.add_argument("--tiny", action="store_true", help="the embedded tiny model and toy world (seconds)")
+    p.add_argument("--config", default=str(ROOT / "configs" / "smollm2_nq.yaml"),
+                   help="the arms' config (a GPU: configs/smollm2_nq_gpu.yaml, as `bash bench/gpu_check.sh async`)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="more settings for both arms")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     from sleuth.retrieval.factory import bm25_for_corpus
@@ -113,9 +117,10 @@ def main(argv=None) -> int:
         if not Path(args.model).exists():
             raise SystemExit(f"--model {args.model} does not exist: train one with `sleuth sft` (docs/results.md)")
         corpus = CORPUS
-        base = ["--config", str(ROOT / "configs" / "smollm2_nq.yaml"), "--set", f"model.name_or_path={args.model}",
+        base = ["--config", args.config, "--set", f"model.name_or_path={args.model}",
                 "--set", "model.dtype=bfloat16", "--set", "train.eval_every=0", "--set", "train.save_every=0",
                 "--set", "train.eval_limit=1"]
+    base += [w for s in args.set for w in ("--set", s)]
     retriever = bm25_for_corpus(corpus)
     results = []
     with tempfile.TemporaryDirectory() as tmp:
