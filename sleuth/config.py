@@ -201,7 +201,8 @@ class RolloutConfig:
 
 @_section
 class RewardConfig:
-    kind: Literal["em", "f1", "cover_em", "search_r1_v03", "r1_searcher_stage1", "r1_searcher_stage2"] = "em"
+    kind: Literal["em", "f1", "cover_em", "search_r1_v03", "search_r1_stage1", "r1_searcher_stage1",
+                  "r1_searcher_stage2"] = "em"
     """Reward function of a trajectory (``sleuth.reward``)."""
     format_score: Float = 0.0
     """lambda_format of the Search-R1 v0.3 composite."""

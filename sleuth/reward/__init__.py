@@ -45,7 +45,7 @@ def f1_reward(response: str, golden_answers: Golds) -> float:
     return score_prediction(extract_answer(response), golden_answers).f1
 
 
-REWARD_KINDS = ("em", "f1", "cover_em", "search_r1_v03", "r1_searcher_stage1", "r1_searcher_stage2")
+REWARD_KINDS = ("em", "f1", "cover_em", "search_r1_v03", "search_r1_stage1", "r1_searcher_stage1", "r1_searcher_stage2")
 
 
 def build_reward(cfg: "RewardConfig") -> RewardFn:
@@ -60,6 +60,7 @@ def build_reward(cfg: "RewardConfig") -> RewardFn:
             final_format_score=cfg.final_format_score,
             retrieval_score=cfg.retrieval_score,
         ),
+        "search_r1_stage1": search_r1.stage1_reward,
         "r1_searcher_stage1": r1_searcher.stage1_reward,
         "r1_searcher_stage2": r1_searcher.stage2_reward,
     }

@@ -17,6 +17,10 @@
 
   The retrieval hit is only looked at when the format is valid (as in Search-R1). The first
   branch is kept for fidelity but cannot fire: a valid response ends with an answer.
+* :func:`stage1_reward` is not Search-R1's: R1-Searcher's stage-1 reward
+  (:func:`sleuth.reward.r1_searcher.stage1_reward`) read in Search-R1's tags, for a first stage that pays a base
+  model for calling the search engine in the format Search-R1's prompt teaches (``reward.kind:
+  search_r1_stage1``).
 
 Inputs are the *response* (see :mod:`sleuth.reward.tags` for why that equals Search-R1's
 prompt + response on real transcripts) and the gold answers (a string or a list of strings).
@@ -28,7 +32,7 @@ question whose gold is Beijing).
 from __future__ import annotations
 
 from sleuth.reward.metrics import Golds, as_answer_list, cover_em, exact_match
-from sleuth.reward.tags import extract_answer, is_valid_format, retrieval_hit
+from sleuth.reward.tags import extract_answer, information_blocks, is_valid_format, retrieval_hit, search_calls
 
 
 def em_reward(response: str, golden_answers: Golds, *, format_score: float = 0.0, score: float = 1.0) -> float:
@@ -70,3 +74,21 @@ def format_reward(
     if exact_match(answer, golds):
         return score if valid else score - structure_format_score
     return shaped if valid else final_format_score
+
+
+def stage1_reward(response: str, golden_answers: Golds, *, answer_term: bool = True) -> float:
+    """R1-Searcher's stage-1 terms in Search-R1's tags: +0.5 when the response made at least one search and
+    every search got its ``<information>`` block back (the environment ran it), +0.5 when the whole response is
+    Search-R1's valid sequence (:func:`sleuth.reward.tags.check_format`: think, searches, a final answer);
+    with ``answer_term`` (R1-Searcher's released code) first +1 when the answer covers a gold (cover-EM),
+    else -1, no answer included. Range [-1, 2]; [0, 1] without the answer term (the paper's prose)."""
+    reward = 0.0
+    if answer_term:
+        answer = extract_answer(response)
+        reward = 1.0 if answer is not None and cover_em(answer, golden_answers) else -1.0
+    searches = len(search_calls(response))
+    if searches >= 1 and searches == len(information_blocks(response)):
+        reward += 0.5
+    if is_valid_format(response):
+        reward += 0.5
+    return reward

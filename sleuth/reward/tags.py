@@ -35,6 +35,7 @@ from sleuth.reward.metrics import Golds, as_answer_list, normalize_answer
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _INFORMATION = re.compile(r"<information>(.*?)</information>", re.DOTALL)
+_SEARCH = re.compile(r"<search>(.*?)</search>", re.DOTALL)
 _TAG_NAMES = ("think", "search", "information", "answer")
 _SPLIT = re.compile(r"(</?(?:think|search|information|answer)>)")
 _TAGS = frozenset(f"<{slash}{name}>" for name in _TAG_NAMES for slash in ("", "/"))
@@ -65,6 +66,11 @@ def extract_answer(response: str) -> str | None:
 def information_blocks(response: str) -> list[str]:
     """The stripped contents of every complete ``<information>…</information>`` block, in order."""
     return [m.strip() for m in _INFORMATION.findall(response)]
+
+
+def search_calls(response: str) -> list[str]:
+    """The stripped queries of every complete ``<search>…</search>``, in order."""
+    return [m.strip() for m in _SEARCH.findall(response)]
 
 
 def check_format(response: str) -> tuple[bool, str]:

@@ -7,7 +7,7 @@ import pytest
 
 from sleuth.config import RewardConfig
 from sleuth.reward import REWARD_KINDS, build_reward, f1_reward
-from sleuth.reward.search_r1 import cover_em_reward, em_reward, format_reward
+from sleuth.reward.search_r1 import cover_em_reward, em_reward, format_reward, stage1_reward
 
 pytestmark = pytest.mark.unit
 
@@ -81,6 +81,36 @@ def test_format_reward_on_fixture_transcripts():
     for rid, expected in FIXTURE_REWARDS.items():
         got = format_reward(ROWS[rid]["response"], ROWS[rid]["golden_answers"], **LAMBDAS)
         assert got == pytest.approx(expected), rid
+
+
+INVALID_ACTION = ("\nMy previous action is invalid. If I want to search, I should put the query between <search> and "
+                  "</search>. If I want to give the final answer, I should put the answer between <answer> and "
+                  "</answer>. Let me try again.\n")
+
+
+@pytest.mark.parametrize(
+    "response, expected, without_answer_term",
+    [
+        # a search answered, a valid sequence, the gold covered: 1 + 0.5 + 0.5; without the answer term 0.5 + 0.5
+        (SEARCH + "<think>u</think><answer>Paris, France</answer>", 2.0, 1.0),
+        # the same, a wrong answer: -1 + 0.5 + 0.5 = 0
+        (SEARCH + "<think>u</think><answer>Rome</answer>", 0.0, 1.0),
+        # a valid sequence with no search: -1 + 0 + 0.5
+        ("<think>t</think><answer>Rome</answer>", -0.5, 0.5),
+        # a search answered, then no think before the answer (invalid sequence), gold covered: 1 + 0.5 + 0
+        (SEARCH + "<answer>Paris</answer>", 1.5, 0.5),
+        # a search with no information back (cut off): no search term; no answer: -1
+        ("<think>t</think><search>q</search>", -1.0, 0.0),
+        # two searches, one answered: unbalanced, no search term; invalid; no answer
+        (SEARCH + "<think>u</think><search>r</search>", -1.0, 0.0),
+        # invalid actions: the injected message's `<answer> and </answer>` is a wrong answer in an invalid sequence
+        ("Answer </answer>" + INVALID_ACTION, -1.0, 0.0),
+    ],
+)
+def test_search_r1_stage1_reward_by_hand(response, expected, without_answer_term):
+    assert stage1_reward(response, ["Paris"]) == pytest.approx(expected)
+    assert stage1_reward(response, ["Paris"], answer_term=False) == pytest.approx(without_answer_term)
+    assert build_reward(RewardConfig(kind="search_r1_stage1"))(response, ["Paris"]) == pytest.approx(expected)
 
 
 def test_build_reward_kinds():
