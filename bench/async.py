@@ -98,8 +98,11 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=2, help="CPU threads in all, for either arm")
     p.add_argument("--tiny", action="store_true", help="the embedded tiny model and toy world (seconds)")
     p.add_argument("--config", default=str(ROOT / "configs" / "smollm2_nq.yaml"),
-                   help="the arms' config (a GPU: configs/smollm2_nq_gpu.yaml, as `bash bench/gpu_check.sh async`)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="more settings for both arms")
+                   help="the arms' config (a GPU: configs/smollm2_nq_gpu.yaml, as `bash bench/gpu_check.sh async`); "
+                        "--tiny uses configs/tiny.yaml")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="more settings for every arm, applied before the bench's own (steps, threads, async_steps, "
+                        "the retriever's URL), which win")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     from sleuth.retrieval.factory import bm25_for_corpus

@@ -249,7 +249,8 @@ def headline(row: dict) -> str:
 def table(rows: list[dict], env_facts: dict) -> str:
     lines = [f"GPU check {env_facts.get('date', '')}: {env_facts.get('device', '?')} | "
              f"torch {env_facts.get('torch', '?')} | "
-             f"transformers {env_facts.get('transformers', '?')} | jax {env_facts.get('jax', '?')} | weights {env_facts.get('weights', '?')} | "
+             f"transformers {env_facts.get('transformers', '?')} | jax {env_facts.get('jax', '?')} | "
+             f"weights {env_facts.get('weights', '?')} | "
              f"commit {env_facts.get('commit', '?')}",
              f"{'step':<20} {'status':<8} {'s':>6}  figures"]
     for row in rows:
@@ -264,8 +265,9 @@ def env_facts(dry: bool, weights: str) -> dict:
             "print(json.dumps({'torch': torch.__version__, 'transformers': transformers.__version__, "
             "'device': torch.cuda.get_device_name() if d else 'cpu', "
             "'recompile_limit': getattr(torch._dynamo.config, 'recompile_limit', None), "
-            "'cuda': torch.version.cuda, 'jax': __import__('importlib.metadata').metadata.version('jax') "
-            "if __import__('importlib.util').util.find_spec('jax') else 'absent'}))")  # JAX preallocates on GPUs
+            "'cuda': torch.version.cuda, 'jax': jax}))")
+    code = ("import importlib.metadata as md\ntry:\n    jax = md.version('jax')\nexcept md.PackageNotFoundError:\n"
+            "    jax = 'absent'\n" + code)  # JAX preallocates 75% of a GPU when started there (bm25s can start it)
     try:
         out = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=120).stdout
         facts = json.loads(out.strip().splitlines()[-1])

@@ -60,7 +60,8 @@ def import_bm25s():
     GPU recipe found 59.4 of 79.2 GiB taken outside PyTorch from the moment the retriever was built and ran
     out of memory in its first update (docs/benchmarks.md, GPU check). So JAX, if present, is told to run on
     the CPU and not to preallocate (``JAX_PLATFORMS``, ``XLA_PYTHON_CLIENT_PREALLOCATE``), unless the user
-    set them; Sleuth's own searches never use JAX."""
+    set them; Sleuth's own searches never use JAX. JAX reads the platform when it is imported: in a process that
+    imported JAX before, only the preallocation setting can still take effect."""
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     import bm25s
@@ -435,6 +436,7 @@ class BM25Retriever:
         term_ids = self.query_term_ids(query)
         if not term_ids:
             return []
+        selection = "numba" if self.model.backend == "numba" else "numpy"  # never JAX's (import_bm25s)
         rows, scores = self.model.retrieve([term_ids], k=min(k, len(self.store)), show_progress=False,
-                                          backend_selection="numpy")  # never JAX's (import_bm25s)
+                                          backend_selection=selection)
         return [self.store.get(int(r), float(s)) for r, s in zip(rows[0], scores[0]) if s > 0]

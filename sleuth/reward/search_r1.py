@@ -81,7 +81,9 @@ def stage1_reward(response: str, golden_answers: Golds, *, answer_term: bool = T
     every search got its ``<information>`` block back (the environment ran it), +0.5 when the whole response is
     Search-R1's valid sequence (:func:`sleuth.reward.tags.check_format`: think, searches, a final answer);
     with ``answer_term`` (R1-Searcher's released code) first +1 when the answer covers a gold (cover-EM),
-    else -1, no answer included. Range [-1, 2]; [0, 1] without the answer term (the paper's prose)."""
+    else -1, no answer included. Range [-1, 2]; [0, 1] without the answer term (the paper's prose). The
+    invalid-action message holds ``<search> and </search>``: read (``reward.read_corrective: true``), it is a search
+    with no ``<information>``, so such a response earns no search term."""
     reward = 0.0
     if answer_term:
         answer = extract_answer(response)

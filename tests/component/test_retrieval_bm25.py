@@ -3,6 +3,8 @@
 import json
 import math
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -341,16 +343,24 @@ def test_pruned_ranking_equals_the_dense_sum_on_random_corpora(tmp_path, monkeyp
             assert r.counts["queries_pruned"] == len(queries)
 
 
-def test_bm25s_is_imported_with_jax_kept_off_the_gpu(monkeypatch):
+def test_bm25s_is_imported_with_jax_kept_off_the_gpu(tmp_path, monkeypatch):
     """bm25s' import runs a JAX top-k when JAX is installed, and JAX on a GPU maps 75% of its memory at once
     (59.4 of 79.2 GiB on an H100: the GPU recipe's out-of-memory). Sleuth imports it with JAX on the CPU, not
-    preallocating, unless the user said otherwise."""
-    from sleuth.retrieval.bm25 import import_bm25s
-
-    for name in ("JAX_PLATFORMS", "XLA_PYTHON_CLIENT_PREALLOCATE"):
-        monkeypatch.delenv(name, raising=False)
-    assert import_bm25s().BM25 is not None
-    assert os.environ["JAX_PLATFORMS"] == "cpu" and os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
-    monkeypatch.setenv("JAX_PLATFORMS", "cuda")  # the user's choice is kept
-    import_bm25s()
-    assert os.environ["JAX_PLATFORMS"] == "cuda"
+    preallocating, unless the user said otherwise. A stub ``jax`` package records what JAX would read."""
+    stub = tmp_path / "stub" / "jax"
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text(
+        "import json, os, pathlib\n"
+        f"pathlib.Path({str(tmp_path / 'seen.json')!r}).write_text(json.dumps("
+        "{k: os.environ.get(k) for k in ('JAX_PLATFORMS', 'XLA_PYTHON_CLIENT_PREALLOCATE')}))\n")
+    (stub / "lax.py").write_text("def top_k(x, k):\n    return x[:k], list(range(k))\n")
+    code = "from sleuth.retrieval.bm25 import import_bm25s; import_bm25s()"
+    env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "XLA_PYTHON_CLIENT_PREALLOCATE")}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "stub"), str(Path(__file__).resolve().parents[2])])
+    for user, expected in (({}, {"JAX_PLATFORMS": "cpu", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}),
+                           ({"JAX_PLATFORMS": "cuda"}, {"JAX_PLATFORMS": "cuda", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"})):
+        (tmp_path / "seen.json").unlink(missing_ok=True)
+        done = subprocess.run([sys.executable, "-c", code], env={**env, **user}, capture_output=True, text=True,
+                              timeout=600, check=False)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert json.loads((tmp_path / "seen.json").read_text()) == expected  # bm25s imported JAX, as set

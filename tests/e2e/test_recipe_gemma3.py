@@ -1,7 +1,8 @@
 """``examples/gemma3_zero.sh``, RL from the base model with no SFT, on a tiny Gemma3 (sliding-window layers, no
 chat template) and a handful of toy questions: every stage runs (base with search, without and RAG; RL from zero;
 the SFT route on the same budget; each on a confirmation file), ``summary.md`` tables them, a second invocation
-skips what is done, and ``REWARD=r1_searcher`` runs R1-Searcher's two stages in its base prompt. The real
+skips what is done, and ``REWARD=r1_searcher`` runs R1-Searcher's two stages in its base prompt
+(``search_r1_staged``: its stage 1 read in Search-R1's tags, then Search-R1's reward). The real
 recipe's figures are in docs/results.md; this only keeps the recipe working."""
 
 import json
@@ -78,14 +79,21 @@ def test_the_recipe_evaluates_trains_from_zero_and_the_sft_route_then_skips_what
 
 
 @pytest.mark.timeout(2400)  # a hang guard: under a minute idle
-def test_the_r1_searcher_reward_runs_its_two_stages_in_its_base_prompt(world, tmp_path):
-    out = tmp_path / "r1s"
-    done = _run(out, "--no-eval", SLEUTH_SET=_budget(world), REWARD="r1_searcher", SFT_ROUTE="0", RL_MINUTES="30",
+@pytest.mark.parametrize("reward, stage1, stage2, fmt", [
+    ("r1_searcher", "r1_searcher_stage1", "r1_searcher_stage2", "r1_searcher_base"),
+    ("search_r1_staged", "search_r1_stage1", "search_r1_v03", "search_r1"),
+])
+def test_a_two_stage_reward_runs_its_stages_in_its_prompt(world, tmp_path, reward, stage1, stage2, fmt):
+    out = tmp_path / reward
+    done = _run(out, "--no-eval", SLEUTH_SET=_budget(world), REWARD=reward, SFT_ROUTE="0", RL_MINUTES="30",
                 STAGE1_MINUTES="10")
     assert done.returncode == 0, done.stderr[-3000:]
-    stage1 = (out / "rl_stage1" / "config.yaml").read_text()
-    stage2 = (out / "rl" / "config.yaml").read_text()
-    assert "kind: r1_searcher_stage1" in stage1 and "time_limit_minutes: 10" in stage1
-    assert "kind: r1_searcher_stage2" in stage2 and "time_limit_minutes: 20" in stage2
-    assert "format: r1_searcher_base" in stage1 and "format: r1_searcher_base" in stage2
-    assert f"name_or_path: {out / 'rl_stage1'}" in stage2 and not (out / "sft").exists()
+    first = (out / "rl_stage1" / "config.yaml").read_text()
+    second = (out / "rl" / "config.yaml").read_text()
+    assert f"kind: {stage1}\n" in first and "time_limit_minutes: 10" in first
+    assert f"kind: {stage2}\n" in second and "time_limit_minutes: 20" in second
+    assert f"format: {fmt}\n" in first and f"format: {fmt}\n" in second
+    assert f"name_or_path: {out / 'rl_stage1'}" in second and not (out / "sft").exists()
+    summary = (out / "summary.md").read_text()  # both stages' curves
+    assert "![RL from zero, stage 1 reward" in summary and (out / "reward_rl_stage1.png").is_file()
+    assert "![RL from zero reward" in summary and (out / "reward.png").is_file()

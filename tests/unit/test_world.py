@@ -121,8 +121,11 @@ def test_split_has_no_shared_question_or_subject(world):
 
 def test_bm25_finds_the_gold_passage_with_the_entity_name(world):
     """hit@3 for the ideal queries (the subject, then the bridge) with bm25s over ``contents``."""
-    import bm25s
     import Stemmer
+
+    from sleuth.retrieval.bm25 import import_bm25s
+
+    bm25s = import_bm25s()  # JAX, if installed, kept off a GPU
 
     stemmer = Stemmer.Stemmer("english")
     index = bm25s.BM25(method="lucene", k1=0.9, b=0.4)
