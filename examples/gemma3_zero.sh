@@ -19,7 +19,9 @@
 # the evaluations run in float32 either way), RL_MINUTES (each route's budget, default 120), REWARD
 # (search_r1, the default: Search-R1's format-shaped EM in its tags; r1_searcher: R1-Searcher's base prompt and
 # tags, its stage-1 reward, for a well-formed search call, during the first STAGE1_MINUTES (default 20), then
-# its stage-2 reward, the answer's F1), SFT_ROUTE (1; 0 skips the SFT route), CONFIRM (a question file, e.g.
+# its stage-2 reward, the answer's F1; search_r1_staged: Search-R1's prompt and tags, R1-Searcher's stage-1 terms
+# read in them (`search_r1_stage1`) for STAGE1_MINUTES, then Search-R1's reward), SFT_ROUTE (1; 0 skips the
+# SFT route), CONFIRM (a question file, e.g.
 # runs/rl_gain/C.jsonl: every model is evaluated on all of it too, with search). The SFT route always uses the
 # config's format and reward (`sleuth sft` writes Search-R1 transcripts).
 set -euo pipefail
@@ -31,7 +33,8 @@ EVAL=1
 if [ $# -eq 2 ]; then [ "$2" = "--no-eval" ] || usage; EVAL=0; fi
 case "$OUT" in -*) usage ;; esac
 REWARD=${REWARD:-search_r1}
-case "$REWARD" in search_r1|r1_searcher) ;; *) echo "REWARD must be search_r1 or r1_searcher, got $REWARD" >&2; exit 2 ;; esac
+case "$REWARD" in search_r1|r1_searcher|search_r1_staged) ;;
+  *) echo "REWARD must be search_r1, r1_searcher or search_r1_staged, got $REWARD" >&2; exit 2 ;; esac
 RL_MINUTES=${RL_MINUTES:-120}
 STAGE1_MINUTES=${STAGE1_MINUTES:-20}
 SFT_ROUTE=${SFT_ROUTE:-1}
@@ -99,10 +102,12 @@ BASE=$("$PYTHON" -c "import sys; from sleuth.config_file import load_config; \
 print(load_config(sys.argv[1], [a for a in sys.argv[2:] if a != '--set']).model.name_or_path)" "$CONFIG" "${EXTRA[@]}")
 [ "$EVAL" = 1 ] && evaluate base "$BASE" SET_ZERO search direct rag confirm
 
-if [ "$REWARD" = r1_searcher ]; then
-  stage "rl stage 1" "$SLEUTH" train --config "$CONFIG" "${ZERO[@]}" --set reward.kind=r1_searcher_stage1 \
+if [ "$REWARD" != search_r1 ]; then  # two stages: a reward for the search call's form first, then the answer's
+  if [ "$REWARD" = r1_searcher ]; then STAGE1=r1_searcher_stage1 STAGE2=r1_searcher_stage2
+  else STAGE1=search_r1_stage1 STAGE2=search_r1_v03; fi
+  stage "rl stage 1" "$SLEUTH" train --config "$CONFIG" "${ZERO[@]}" --set "reward.kind=$STAGE1" \
     --set "train.time_limit_minutes=$STAGE1_MINUTES" --out "$OUT/rl_stage1" --resume --json
-  stage "rl" "$SLEUTH" train --config "$CONFIG" "${ZERO[@]}" --set reward.kind=r1_searcher_stage2 \
+  stage "rl" "$SLEUTH" train --config "$CONFIG" "${ZERO[@]}" --set "reward.kind=$STAGE2" \
     --set "model.name_or_path=$OUT/rl_stage1" --set "train.time_limit_minutes=$(( RL_MINUTES - STAGE1_MINUTES ))" \
     --out "$OUT/rl" --resume --json
 else

@@ -42,7 +42,8 @@ RECIPES = {
         [(("base", "search"), ("rl", "search")), (("base", "rag"), ("rl", "search")),
          (("sft_rl", "search"), ("rl", "search")), (("base", "confirm"), ("rl", "confirm")),
          (("sft_rl", "confirm"), ("rl", "confirm"))],
-        "rl", [("rl", "RL from zero"), ("sft_rl", "SFT route's RL")], "`rl/`, `sft/`, `sft_rl/`, `eval/`"),
+        "rl", [("rl_stage1", "RL from zero, stage 1"), ("rl", "RL from zero"), ("sft_rl", "SFT route's RL")],
+        "`rl_stage1/` (two-stage rewards), `rl/`, `sft/`, `sft_rl/`, `eval/`"),
 }
 
 
