@@ -76,6 +76,13 @@ def paired_bootstrap(a: list[float], b: list[float], n: int = 10_000, seed: int 
     return sum(diffs) / len(diffs), means[int(0.025 * n)], means[int(0.975 * n) - 1]
 
 
+def search_ratio(em: float, em0: float) -> str:
+    """EM with search over EM without, as the summary words it (no ratio of a zero denominator)."""
+    if em0:
+        return f"{em / em0:.1f}x"
+    return "no ratio: both 0" if not em else "no ratio: 0 without search"
+
+
 def _table(evals: dict, recipe: Recipe) -> list[str]:
     sources = sorted({s for e in evals.values() for s in e["summary"]["by_source"]})
     head = ["model", "mode", *[f"{s} EM" for s in sources], *[f"{s} F1" for s in sources], "avg EM",
@@ -121,8 +128,8 @@ def _comparison(evals: dict, recipe: Recipe) -> list[str]:
     search, direct = evals.get((recipe.search_ratio, "search")), evals.get((recipe.search_ratio, "direct"))
     if search is not None and direct is not None:
         em, em0 = search["summary"]["em"], direct["summary"]["em"]
-        ratio = em / em0 if em0 else float("inf")
-        out.append(f"{labels[recipe.search_ratio]} with search / without: EM {em:.3f} / {em0:.3f} ({ratio:.1f}x).")
+        out.append(f"{labels[recipe.search_ratio]} with search / without: EM {em:.3f} / {em0:.3f} "
+                   f"({search_ratio(em, em0)}).")
     return out
 
 

@@ -70,7 +70,7 @@ def _eval_dir(path: Path, rows: list[dict]) -> None:
 
 def test_the_summary_tables_every_evaluation_and_compares_rl_with_sft(tmp_path):
     sys.path.insert(0, str(ROOT / "examples"))
-    from recipe_summary import paired_bootstrap, write_summary
+    from recipe_summary import paired_bootstrap, search_ratio, write_summary
 
     def rows(ems, searches):
         return [{"id": f"{src}/{i}", "data_source": src, "em": em, "f1": em, "searches": searches,
@@ -88,6 +88,8 @@ def test_the_summary_tables_every_evaluation_and_compares_rl_with_sft(tmp_path):
     assert "| SFT+RL | search | 0.500 | 1.000 | 0.500 | 1.000 | 0.750 | 2.00 |" in text
     assert "| SFT+RL | no search | 0.500 | 0.000 |" in text and "| base |" not in text
     assert "paired over 4 questions: +0.500" in text and "EM 0.750 / 0.250 (3.0x)" in text
+    assert (search_ratio(0.3, 0.1), search_ratio(0.0, 0.0), search_ratio(0.2, 0.0)) == (
+        "3.0x", "no ratio: both 0", "no ratio: 0 without search")
     # hand-computed: equal differences have no spread; an even split of +1/-1 centres on 0
     assert paired_bootstrap([0, 0, 0], [1, 1, 1]) == (1.0, 1.0, 1.0)
     mean, lo, hi = paired_bootstrap([0, 1] * 50, [1, 0] * 50)
