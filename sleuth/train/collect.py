@@ -73,8 +73,10 @@ def collect(step: int, *, sampler, engine, fmt, retriever, reward_fn, cfg, ctx, 
             engine.release()  # a sleeping vLLM engine frees its memory for the update
         return trajs, metrics, mine
 
+    # one scorer for both paths (rewards into t.reward): the reward settings cannot differ between them
+    score = functools.partial(assign_rewards, reward_fn=reward_fn, search_cost=cfg.reward.search_cost,
+                              read_corrective=cfg.reward.read_corrective)
     if tc.dynamic_sampling:
-        score = functools.partial(assign_rewards, reward_fn=reward_fn, search_cost=cfg.reward.search_cost)
         trajs, metrics, mine, rewards, drawn = _rounds(roll, score, per_rank, tc.max_sampling_rounds, engine)
     else:
         (trajs, metrics, mine), rewards = roll(), None
@@ -86,8 +88,7 @@ def collect(step: int, *, sampler, engine, fmt, retriever, reward_fn, cfg, ctx, 
     ids, att, mask = rb.input_ids_BT.to(device), rb.attention_mask_BT.to(device), rb.loss_mask_BT.to(device)
     group_ids, mask = _leave_out_failed_searches(trajs, rb.group_ids, mask, metrics, cfg, step, latest_checkpoint)
     if rewards is None:
-        rewards = assign_rewards(trajs, reward_fn, search_cost=cfg.reward.search_cost,  # also kept in t.reward
-                                 read_corrective=cfg.reward.read_corrective)
+        rewards = score(trajs)
         metrics.update(reward_metrics(trajs, rewards))
         metrics.update(group_diagnostics(trajs, rewards))
     rewards, mask = _overlong(trajs, rewards, mask, tc, metrics)

@@ -306,14 +306,23 @@ def test_out_of_memory_in_a_step_keeps_its_error_and_says_which_step(world, tmp_
     assert any("step 1 ran out of device memory" in n for n in info.value.__notes__)
 
 
-def test_dynamic_sampling_keeps_groups_whose_rewards_differ_and_counts_the_rest(world, tmp_path):
+def test_dynamic_sampling_keeps_groups_whose_rewards_differ_and_counts_the_rest(world, tmp_path, monkeypatch):
     """Rounds of draws until the step holds questions_per_step groups with reward variance; the others are
     dropped before any logprob pass (or fill the step when the rounds run out), and every draw moves the
-    question cursor."""
-    trainer = _trainer(world, tmp_path / "run", ["train.dynamic_sampling=true", "train.max_sampling_rounds=4"])
+    question cursor. Every draw is scored with the run's reward settings (reward.read_corrective reached
+    only the path without dynamic sampling once)."""
+    import sleuth.reward.trajectory as scoring
+
+    read = []
+    text = scoring.reward_text
+    monkeypatch.setattr(scoring, "reward_text", lambda t, *, read_corrective=True: (
+        read.append(read_corrective), text(t, read_corrective=read_corrective))[1])
+    trainer = _trainer(world, tmp_path / "run", ["train.dynamic_sampling=true", "train.max_sampling_rounds=4",
+                                                  "reward.read_corrective=false"])
     start = trainer.sampler.state()["pos"]
     batch = trainer.collect()
     m = batch.metrics
+    assert read and set(read) == {False} and len(read) == m["sampling/drawn_groups"] * trainer.cfg.rollout.group_size
     q = trainer.cfg.train.questions_per_step
     assert trainer.sampler.state()["pos"] - start == m["sampling/rounds"] * q  # every round's draw counted
     assert m["sampling/drawn_groups"] == m["sampling/rounds"] * q
