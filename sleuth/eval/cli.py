@@ -5,9 +5,9 @@
                 [--batch-size 64] [--baseline DIR] [--backend hf|hf_static|vllm] --out DIR [--json]
 
 A Sleuth run directory (or one of its checkpoints) as ``--model`` is evaluated, by default, with the
-protocol and budget it was trained with (format, top-k, turns, token budgets, chat template, from
-its ``config.yaml``); ``tiny`` with the demo's. Flags and ``--set rollout.*`` override them, and
-what was taken is printed.
+protocol and budget it was trained with (format, top-k, turns, token budgets, chat template, invalid-turn
+budget and final nudge, from its ``config.yaml``); ``tiny`` with the demo's. Flags and ``--set rollout.*``
+override them, and what was taken is printed.
 
 Writes ``OUT/setting.json`` (first), ``OUT/trajectories.jsonl`` (appended per finished batch),
 then ``OUT/results.json`` and ``OUT/report.md``. Rerunning with the same ``--out`` skips the
@@ -70,11 +70,12 @@ def register(sub) -> None:
     """Add the ``eval`` and ``ask`` commands."""
     p = sub.add_parser("eval", help="evaluate a model on QA sets (EM/F1 per dataset, report.md)")
     add_model_retrieval_args(p)
-    p.add_argument("--backend", default="hf", choices=["hf", "hf_static", "vllm"],
-                   help="generation engine: hf (transformers, our decode loop; default) | hf_static (static KV cache, "
-                        "device sampling; --set rollout.hf_compile=true compiles its step) | vllm (a vLLM engine on "
-                        "a CUDA GPU, pip install 'sleuth[gpu]'; engine options as --set rollout.vllm_*, e.g. "
-                        "rollout.vllm_gpu_memory_utilization=0.85 when nothing else shares the GPU)")
+    p.add_argument("--backend", default=None, choices=["hf", "hf_static", "vllm"],
+                   help="generation engine (default: --set rollout.backend, else hf): hf (transformers, our "
+                        "decode loop) | hf_static (static KV cache, device sampling; --set rollout.hf_compile=true "
+                        "compiles its step) | vllm (a vLLM engine on a CUDA GPU, pip install 'sleuth[gpu]'; engine "
+                        "options as --set rollout.vllm_*, e.g. rollout.vllm_gpu_memory_utilization=0.85 when nothing "
+                        "else shares the GPU)")
     p.add_argument("--data", nargs="+", required=True, metavar="FILE", help="QA files: jsonl or Search-R1 parquet")
     p.add_argument("--out", required=True, help="output directory (rerun with the same --out to resume)")
     p.add_argument("--limit", type=int, default=None,
@@ -131,6 +132,11 @@ def eval_setting(args, rollout_cfg, retr: dict) -> dict:
     }  # fmt: skip
 
 
+def generation_backend(args, rcfg) -> str:
+    """The engine an eval generates with: ``--backend``, else ``--set rollout.backend`` (its default: hf)."""
+    return args.backend or rcfg.backend
+
+
 def sampled(args) -> bool:
     """Whether the eval samples (``--samples`` > 1 or a ``--temperature``) instead of decoding greedily."""
     return getattr(args, "samples", 1) > 1 or getattr(args, "temperature", None) is not None
@@ -174,6 +180,7 @@ def _eval(args) -> int:
     if sampled(args) and args.baseline:
         raise UserError("--baseline pairs greedy evals question by question; run the sampled eval without it")
     rcfg, fmt = protocol(args)
+    args.backend = generation_backend(args, rcfg)
     questions = load_eval_questions(args)
     retr = describe_retriever(args)
     setting = eval_setting(args, rcfg, retr)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 from pathlib import Path
 
 from sleuth.errors import ConfigError, UserError
@@ -56,7 +57,7 @@ def rollout_config(args):
     bad = [s for s in args.set if not s.startswith("rollout.")]
     if bad:
         raise UserError(f"--set here only takes rollout.* keys, got {bad}")
-    extra = [f"rollout.{k}={v}" for k, v in getattr(args, "run_rollout", {}).items()]
+    extra = [f"rollout.{k}={json.dumps(v)}" for k, v in getattr(args, "run_rollout", {}).items()]  # YAML scalars
     extra += [f"rollout.max_turns={args.max_turns}", f"rollout.format={args.format}"]
     if args.max_tokens_per_turn is not None:
         extra.append(f"rollout.max_tokens_per_turn={args.max_tokens_per_turn}")

@@ -18,7 +18,8 @@ from sleuth.named import named_model
 
 # Rollout settings a run was trained with; ``eval``/``ask`` on that run default to them.
 RUN_ROLLOUT_KEYS = ("format", "max_turns", "max_tokens_per_turn", "max_obs_tokens", "max_context_tokens",
-                    "use_chat_template")
+                    "use_chat_template", "max_invalid", "final_nudge")
+SET_ONLY = ("max_obs_tokens", "use_chat_template", "max_invalid", "final_nudge")  # no flag of their own: --set
 BUILTIN = {"format": "search_r1", "topk": 3, "max_turns": 4}  # defaults for any other model
 
 
@@ -62,8 +63,9 @@ def resolve_run_defaults(args) -> dict:
     """Fill the flags left unset (``--format``, ``--topk``, ``--max-turns``, the token budgets): a
     flag given wins, then the model's own setting (:func:`run_defaults`), then the built-in default;
     then check their ranges (a UserError names the flag and the value).
-    ``max_obs_tokens`` and ``use_chat_template`` from the run go in ``args.run_rollout`` (``--set``
-    still overrides them). Returns what was taken from the run, for the user to see."""
+    The run's settings without a flag (:data:`SET_ONLY`: ``max_obs_tokens``, ``use_chat_template``,
+    ``max_invalid``, a non-empty ``final_nudge``) go in ``args.run_rollout`` (``--set`` still overrides them).
+    Returns what was taken from the run, for the user to see."""
     known = run_defaults(args.model)
     rollout = known["rollout"]
     taken: dict = {}
@@ -81,10 +83,10 @@ def resolve_run_defaults(args) -> dict:
         value = getattr(args, flag, None)
         if value is not None and value < least:
             raise UserError(f"--{flag.replace('_', '-')} must be >= {least}, got {value}")
-    args.run_rollout = {k: rollout[k] for k in ("max_obs_tokens", "use_chat_template") if k in rollout}
+    args.run_rollout = {k: rollout[k] for k in SET_ONLY if k in rollout and rollout[k] != ""}
     taken.update(args.run_rollout)
     if taken:
         source = "the demo's setting" if args.model == "tiny" else "the run's config.yaml"
-        print(f"{args.model}: from {source}: " + ", ".join(f"{k} {v}" for k, v in taken.items())
-              + " (flags and --set override)", file=sys.stderr)
+        said = (f"{k} {v!r}" if k == "final_nudge" else f"{k} {v}" for k, v in taken.items())  # a nudge quoted
+        print(f"{args.model}: from {source}: " + ", ".join(said) + " (flags and --set override)", file=sys.stderr)
     return taken

@@ -46,6 +46,7 @@ from sleuth.train.layout import RowLayout
 from sleuth.train.learn import frozen_logprobs
 from sleuth.train.phase_memory import PhasePeaks
 from sleuth.train.sampler import QuestionSampler
+from sleuth.train.state import set_determinism
 
 POLL_S = 0.5  # how often a wait looks at the stop flag and the other side's liveness
 
@@ -178,6 +179,8 @@ def worker_main(cfg, out, cursor, start, first_step, last_step, slots, queue, st
 
     worker = None
     try:
+        set_determinism(cfg, DistContext())  # the trainer's settings (train.deterministic, tf32): a spawned
+        # process starts with torch's defaults, so generation and the reference pass would differ from inline
         worker = RolloutWorker(cfg, out, cursor=cursor, start=start, slots=slots, alive=alive)
         if threads:
             torch.set_num_threads(threads)  # again: loading the embedded tiny model sets its own

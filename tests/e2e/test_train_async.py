@@ -199,3 +199,30 @@ def test_an_error_in_the_worker_is_raised_by_the_trainer_with_the_workers_traceb
         assert any("raised in the rollout worker" in n and "Traceback" in n for n in info.value.__notes__)
     finally:
         trainer.close()
+
+
+def test_the_spawned_worker_takes_the_trainers_determinism_settings(monkeypatch):
+    """A spawned process starts with torch's defaults: the worker applies train.deterministic (and, on a GPU,
+    train.tf32) as the trainer does before it builds anything, so its rollouts run as the inline worker's."""
+    import queue
+    import threading
+
+    import sleuth.train.rollout_worker as rw
+    from sleuth.config_file import load_config
+
+    def refuse(*args, **kwargs):
+        raise LookupError("stopped where the worker would be built")
+
+    monkeypatch.setattr(rw, "RolloutWorker", refuse)
+    box, before = queue.Queue(), (torch.are_deterministic_algorithms_enabled(),
+                                  torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.use_deterministic_algorithms(False)
+    try:
+        rw.worker_main(load_config(None, ["train.deterministic=true"]), "unused", {}, 0, 1, 1, None, box,
+                       threading.Event(), os.getppid(), [], 0)
+        seen = torch.are_deterministic_algorithms_enabled()
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+    kind, err, _ = box.get_nowait()
+    assert kind == "error" and isinstance(err, LookupError)  # it got as far as building the worker
+    assert seen

@@ -210,7 +210,8 @@ def test_a_run_is_evaluated_with_the_budget_it_was_trained_with(tmp_path, capsys
     (run / "checkpoints" / "step_000040").mkdir(parents=True)
     (run / "config.yaml").write_text(
         "retrieval:\n  topk: 1\nrollout:\n  format: search_r1_tiny\n  max_turns: 2\n  max_tokens_per_turn: 40\n"
-        "  max_obs_tokens: 128\n  max_context_tokens: 512\n  use_chat_template: false\n  temperature: 0.7\n")
+        "  max_obs_tokens: 128\n  max_context_tokens: 512\n  use_chat_template: false\n  temperature: 0.7\n"
+        "  max_invalid: 0\n  final_nudge: \"\\nAnswer now: <answer>\"\n")
     args = _flags(str(run / "checkpoints" / "step_000040"))
     taken = resolve_run_defaults(args)
     assert (args.format, args.topk, args.max_turns, args.max_tokens_per_turn, args.max_context_tokens) == \
@@ -219,12 +220,27 @@ def test_a_run_is_evaluated_with_the_budget_it_was_trained_with(tmp_path, capsys
     assert "topk 1" in capsys.readouterr().err  # the user sees what was taken from the run
     rcfg = rollout_config(args)
     assert (rcfg.max_obs_tokens, rcfg.use_chat_template, rcfg.max_turns) == (128, False, 2)
+    assert (rcfg.max_invalid, rcfg.final_nudge) == (0, "\nAnswer now: <answer>")  # the protocol it trained in
 
     # a flag given wins over the run; --set wins over what the run gave to --set-only keys
     args = _flags(str(run), topk=5, max_turns=0, set=["rollout.max_obs_tokens=64"])
     resolve_run_defaults(args)
     rcfg = rollout_config(args)
     assert (args.topk, rcfg.max_turns, rcfg.max_obs_tokens, rcfg.max_tokens_per_turn) == (5, 0, 64, 40)
+
+
+@pytest.mark.parametrize("given, expected", [([], "hf"), (["--set", "rollout.backend=hf_static"], "hf_static"),
+                                             (["--backend", "hf", "--set", "rollout.backend=hf_static"], "hf")])
+def test_the_backend_is_the_flag_else_the_set_else_hf(given, expected):
+    from sleuth.cli import build_parser
+    from sleuth.eval.cli import generation_backend
+    from sleuth.eval.common import protocol
+    from sleuth.eval.defaults import resolve_run_defaults
+
+    args = build_parser().parse_args(["eval", "--model", "Qwen/Qwen2.5-3B-Instruct", "--data", "q.jsonl",
+                                      "--out", "o", *given])
+    resolve_run_defaults(args)
+    assert generation_backend(args, protocol(args)[0]) == expected
 
 
 def test_other_models_get_the_built_in_budget_and_tiny_the_demos(tmp_path, monkeypatch):
