@@ -17,9 +17,9 @@ from sleuth.errors import UserError
 from sleuth.named import named_model
 
 # Rollout settings a run was trained with; ``eval``/``ask`` on that run default to them.
-RUN_ROLLOUT_KEYS = ("format", "max_turns", "max_tokens_per_turn", "max_obs_tokens", "max_context_tokens",
-                    "use_chat_template", "max_invalid", "final_nudge")
+FLAGGED = ("format", "max_turns", "max_tokens_per_turn", "max_context_tokens")  # eval/ask flags of the same name
 SET_ONLY = ("max_obs_tokens", "use_chat_template", "max_invalid", "final_nudge")  # no flag of their own: --set
+RUN_ROLLOUT_KEYS = FLAGGED + SET_ONLY
 BUILTIN = {"format": "search_r1", "topk": 3, "max_turns": 4}  # defaults for any other model
 
 
@@ -69,7 +69,7 @@ def resolve_run_defaults(args) -> dict:
     known = run_defaults(args.model)
     rollout = known["rollout"]
     taken: dict = {}
-    for key in ("format", "max_turns", "max_tokens_per_turn", "max_context_tokens"):  # flags of the same name
+    for key in FLAGGED:
         if getattr(args, key) is None and key in rollout:
             setattr(args, key, rollout[key])
             taken[key] = rollout[key]
