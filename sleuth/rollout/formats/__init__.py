@@ -18,9 +18,11 @@ from sleuth.rollout.formats.base import (
 )
 from sleuth.rollout.formats.r1_searcher import R1SearcherFormat
 from sleuth.rollout.formats.search_r1 import (
+    FEWSHOT_EXAMPLE,
     SEARCH_R1_INSTRUCTION,
     SEARCH_R1_INVALID,
     TINY_INSTRUCTION,
+    FewShotSearchR1Format,
     SearchR1Format,
     TinySearchR1Format,
     render_passages_search_r1,
@@ -28,8 +30,8 @@ from sleuth.rollout.formats.search_r1 import (
 from sleuth.rollout.formats.tool_call import ToolCallFormat
 
 __all__ = [
-    "FORMATS", "PROMPT_VARIANTS", "ProtocolFormat", "R1SearcherFormat", "SEARCH_R1_INSTRUCTION", "SEARCH_R1_INVALID",
-    "SearchR1Format", "TINY_INSTRUCTION", "TinySearchR1Format", "ToolCallFormat", "first_complete_tag",
+    "FEWSHOT_EXAMPLE", "FORMATS", "FewShotSearchR1Format", "PROMPT_VARIANTS", "ProtocolFormat", "R1SearcherFormat",
+    "SEARCH_R1_INSTRUCTION", "SEARCH_R1_INVALID", "SearchR1Format", "TINY_INSTRUCTION", "TinySearchR1Format", "ToolCallFormat", "first_complete_tag",
     "format_names", "get_format", "last_tag_content", "no_action_reason", "normalize_question", "register",
     "register_prompt_variant", "remove_blocks", "render_passages_search_r1",
 ]

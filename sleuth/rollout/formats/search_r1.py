@@ -1,5 +1,6 @@
 """The Search-R1 format (arXiv 2503.09516): ``<search>`` / ``<answer>`` tags, passages in
-``<information>`` blocks; and its short-prompt variant for the embedded tiny model."""
+``<information>`` blocks; its short-prompt variant for the embedded tiny model; and its one-shot variant for
+base models (Search-R1's instruction followed by one worked example)."""
 
 from __future__ import annotations
 
@@ -118,3 +119,39 @@ class TinySearchR1Format(SearchR1Format):
 
     def user_content(self, question: Question) -> str:
         return TINY_INSTRUCTION.format(question=normalize_question(question.text))
+
+
+# A worked example written for Sleuth (its passage is ours, not Wikipedia's; no question of the shipped train or
+# dev files mentions Timbuktu). Its query is words of its question, not the instruction's placeholder ``query``.
+FEWSHOT_EXAMPLE = {
+    "question": "in which country is the city of timbuktu?",
+    "think_search": "I need to find where the city of Timbuktu is.",
+    "query": "timbuktu city country",
+    "passage": Passage(id="example-1", title="Timbuktu",
+                       text="Timbuktu is an ancient city in Mali, near the Niger River, on the southern edge of "
+                            "the Sahara."),
+    "think_answer": "The passage says that Timbuktu is a city in Mali.",
+    "answer": "Mali",
+}
+
+
+@register_prompt_variant
+class FewShotSearchR1Format(SearchR1Format):
+    """Search-R1's tags, observations and instruction, then one worked example before the question
+    (``rollout.format: search_r1_fewshot``): the example question, a search turn with a query made of its words,
+    its ``<information>`` block exactly as the rollout renders one, and an answer turn. For base models, which
+    continue text rather than follow an instruction: Search-R1's instruction shows the search call only as
+    ``<search> query </search>``, which a base model copies word for word (a search for "query"); the example shows
+    a whole valid sequence with a real query. Everything else (parsing, rewards, the invalid-action message) is
+    Search-R1's."""
+
+    name = "search_r1_fewshot"
+
+    def user_content(self, question: Question) -> str:
+        head, _, _ = SEARCH_R1_INSTRUCTION.partition("Question: {question}")
+        ex = FEWSHOT_EXAMPLE
+        shot = (f"Question: {ex['question']}\n"
+                + self.search_turn(ex["query"], ex["think_search"])
+                + self.render_observation([(ex["query"], [ex["passage"]])])
+                + self.answer_turn(ex["answer"], ex["think_answer"]))
+        return f"{head}{shot}\n\nQuestion: {normalize_question(question.text)}\n"

@@ -1,0 +1,87 @@
+"""``rollout.format: search_r1_fewshot``: Search-R1's instruction, one worked example, the question; everything
+but the prompt is Search-R1's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sleuth.config import Config, RewardConfig
+from sleuth.config_file import ConfigError, apply_overrides
+from sleuth.reward import build_reward, is_valid_format
+from sleuth.rollout.formats import SEARCH_R1_INSTRUCTION, get_format
+from sleuth.types import ActionKind, Passage, Question
+
+pytestmark = pytest.mark.unit
+
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data"
+Q = Question(id="q1", text="who sang the song you got a friend in me", golden_answers=["Randy Newman"])
+HEAD = SEARCH_R1_INSTRUCTION[:SEARCH_R1_INSTRUCTION.index("Question: ")]
+
+
+def _shot(prompt: str) -> tuple[str, str]:
+    """The example's question line and its turns (what a policy would have written) out of a prompt."""
+    body = prompt[len(HEAD):]
+    question_line, _, rest = body.partition("\n")
+    turns, _, _ = rest.rpartition("\n\nQuestion: ")
+    return question_line, turns
+
+
+def test_the_prompt_is_search_r1s_instruction_an_example_then_the_question():
+    prompt = get_format("search_r1_fewshot").user_content(Q)
+    assert prompt.startswith(HEAD) and HEAD.endswith("For example, <answer> Beijing </answer>. ")
+    assert prompt.endswith("\n\nQuestion: who sang the song you got a friend in me?\n")  # Search-R1's "?" added
+    question_line, turns = _shot(prompt)
+    assert question_line == "Question: in which country is the city of timbuktu?"
+    assert turns == ("<think> I need to find where the city of Timbuktu is. </think>\n"
+                     "<search> timbuktu city country </search>\n\n"
+                     '<information>Doc 1(Title: "Timbuktu") Timbuktu is an ancient city in Mali, near the Niger River, '
+                     "on the southern edge of the Sahara.</information>\n\n"
+                     "<think> The passage says that Timbuktu is a city in Mali. </think>\n<answer> Mali </answer>")
+
+
+def test_the_example_is_a_valid_search_r1_sequence_whose_observation_is_the_rollouts():
+    """Read as a response, the example passes Search-R1's format check and earns Search-R1's full reward for its
+    gold; its observation is byte for byte what the rollout appends after a search for its query."""
+    fmt = get_format("search_r1_fewshot")
+    _, turns = _shot(fmt.user_content(Q))
+    assert is_valid_format(turns)
+    assert build_reward(RewardConfig(kind="search_r1_v03", format_score=0.2))(turns, ["Mali"]) == 1.0
+    first_turn = turns[:turns.index("</search>") + len("</search>")]
+    action = fmt.parse_action(first_turn)
+    assert action.kind is ActionKind.SEARCH and action.queries == ["timbuktu city country"]
+    passage = Passage(id="x", title="Timbuktu", text="Timbuktu is an ancient city in Mali, near the Niger River, on "
+                                                      "the southern edge of the Sahara.")
+    assert first_turn + get_format("search_r1").render_observation([("timbuktu city country", [passage])]) in turns
+    assert fmt.extract_answer(turns) == "Mali"
+
+
+def test_parsing_observations_and_messages_are_search_r1s():
+    fewshot, plain = get_format("search_r1_fewshot"), get_format("search_r1")
+    for turn in ("<think> x </think>\n<search> randy newman </search>", "<answer> Randy Newman </answer>",
+                 "<search>  </search>", "no tag at all", "<search> query </search>"):
+        assert fewshot.parse_action(turn) == plain.parse_action(turn), turn
+    passages = [Passage(id="1", title="A", text="a b"), Passage(id="2", title="B", text="c")]
+    assert fewshot.render_observation([("q", passages)]) == plain.render_observation([("q", passages)])
+    assert fewshot.render_invalid() == plain.render_invalid() and fewshot.stop_sequences == plain.stop_sequences
+    assert fewshot.render_error("down") == plain.render_error("down")
+
+
+def test_the_config_takes_it_and_a_typo_is_refused_naming_it():
+    assert apply_overrides(Config(), ["rollout.format=search_r1_fewshot"]).rollout.format == "search_r1_fewshot"
+    with pytest.raises(ConfigError, match="search_r1_fewshot"):  # the error lists the choices, this one among them
+        apply_overrides(Config(), ["rollout.format=search_r1_fewshots"])
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is not beside the checkout")
+def test_no_shipped_question_is_the_examples():
+    """The example's topic is in no train or dev question (else a dev question would be answered in its prompt)."""
+    files = sorted((SHARED / "train").glob("*.jsonl")) + sorted((SHARED / "dev").glob("*.jsonl"))
+    assert files
+    for path in files:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                row = json.loads(line)
+                assert "timbuktu" not in row["question"].lower() and "Mali" not in row["golden_answers"], path
