@@ -9,8 +9,8 @@ retrieved titles, read from the trajectory's ``turns``, for ``trajectories.jsonl
 The no-retrieval baseline (``no_search=True``) changes exactly two things:
 
 * the prompt is :data:`DIRECT_INSTRUCTION` (asks for a direct ``<answer>``; no search tool is
-  described), built by :class:`NoSearchFormat` around the chosen format, so stop strings, answer
-  parsing and chat template stay the same;
+  described; a format's worked example shown answered directly), built by :class:`NoSearchFormat` around the
+  chosen format, so stop strings, answer parsing and chat template stay the same;
 * ``max_turns=0``: the rollout loop starts every row in its final round, where a ``<search>`` is
   *not executed* and ends the row with stop reason ``max_turns`` (no answer, score 0). The
   retriever is never called (a :class:`NoRetriever` raises if it were).
@@ -61,7 +61,14 @@ class NoSearchFormat:
         return getattr(self.base, name)
 
     def user_content(self, question: Question) -> str:
-        return DIRECT_INSTRUCTION.format(question=normalize_question(question.text))
+        """:data:`DIRECT_INSTRUCTION`; with a format that shows a worked example (``search_r1_fewshot``), its
+        question answered directly (no search, no passage) goes before the question, as the search prompt's does."""
+        ex = getattr(self.base, "example", None)
+        if ex is None:
+            return DIRECT_INSTRUCTION.format(question=normalize_question(question.text))
+        head = DIRECT_INSTRUCTION[:DIRECT_INSTRUCTION.index("Question: {question}")]
+        shot = f"Question: {ex.question}\n{self.base.answer_turn(ex.answer, ex.direct_thought)}"
+        return f"{head}{shot}\n\nQuestion: {normalize_question(question.text)}\n"
 
 
 class NoRetriever:

@@ -2,8 +2,9 @@
 with the question itself, put them in the prompt, answer once, no search turns.
 
 It changes what ``--no-search`` changes (a prompt of its own, :class:`RagFormat` around the chosen format, so
-stop strings, answer parsing and the chat template stay the same; ``max_turns=0``, so a ``<search>`` the model
-writes is not executed and ends its row unanswered), and adds the passages: one search per question before
+stop strings, answer parsing and the chat template stay the same, with the format's worked example, if it has
+one, shown with its passage; ``max_turns=0``, so a ``<search>`` the model writes is not executed and ends its row
+unanswered), and adds the passages: one search per question before
 the rollout, with the question's text as the query, through the same retriever (and retrieval cache) as the
 search runs, rendered as the format renders an observation and cut to ``rollout.max_obs_tokens`` tokens.
 """
@@ -34,8 +35,16 @@ class RagFormat:
         return getattr(self.base, name)
 
     def user_content(self, question: Question) -> str:
-        return RAG_INSTRUCTION.format(passages=self.passages[question.id],
-                                      question=normalize_question(question.text))
+        """:data:`RAG_INSTRUCTION` with the question's passages; with a format that shows a worked example
+        (``search_r1_fewshot``), its passage, question and answer go first, as the search prompt shows them."""
+        passages, text = self.passages[question.id], normalize_question(question.text)
+        ex = getattr(self.base, "example", None)
+        if ex is None:
+            return RAG_INSTRUCTION.format(passages=passages, question=text)
+        head = RAG_INSTRUCTION[:RAG_INSTRUCTION.index("{passages}")]
+        shot = (self.base.render_observation([(ex.query, [ex.passage])]) + f"Question: {ex.question}\n"
+                + self.base.answer_turn(ex.answer, ex.answer_thought))
+        return f"{head}{shot}{passages}Question: {text}\n"
 
 
 def rag_passages(questions: list[Question], retriever, fmt, tokenizer, *, k: int, max_tokens: int) -> dict[str, str]:

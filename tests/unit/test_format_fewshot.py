@@ -75,6 +75,31 @@ def test_the_config_takes_it_and_a_typo_is_refused_naming_it():
         apply_overrides(Config(), ["rollout.format=search_r1_fewshots"])
 
 
+def test_the_baselines_show_the_example_in_their_own_form():
+    """`--no-search` and `--rag` keep their instructions; the example goes before the question as each baseline
+    would answer it (directly; from its passage), so a base model's baselines are prompted as its search runs are.
+    A format without an example keeps the zero-shot prompts."""
+    from sleuth.eval.evaluate import DIRECT_INSTRUCTION, NoSearchFormat
+    from sleuth.eval.rag import RagFormat
+
+    fewshot, plain = get_format("search_r1_fewshot"), get_format("search_r1")
+    assert NoSearchFormat(fewshot).user_content(Q) == (
+        DIRECT_INSTRUCTION[:DIRECT_INSTRUCTION.index("Question: ")]
+        + "Question: in which country is the city of timbuktu?\n<think> Timbuktu is a city in Mali. </think>\n"
+          "<answer> Mali </answer>\n\nQuestion: who sang the song you got a friend in me?\n")
+    assert NoSearchFormat(plain).user_content(Q) == DIRECT_INSTRUCTION.format(
+        question="who sang the song you got a friend in me?")
+    passages = plain.render_observation([("q", [Passage(id="1", title="Toy Story", text="Randy Newman sang it.")])])
+    rag = RagFormat(fewshot, {"q1": passages}).user_content(Q)
+    assert rag.startswith("Answer the given question using the passages below") and rag.endswith(
+        '.\n\n<information>Doc 1(Title: "Timbuktu") Timbuktu is an ancient city in Mali, near the Niger River, on '
+        "the southern edge of the Sahara.</information>\n\nQuestion: in which country is the city of timbuktu?\n"
+        "<think> The passage says that Timbuktu is a city in Mali. </think>\n<answer> Mali </answer>\n\n"
+        '<information>Doc 1(Title: "Toy Story") Randy Newman sang it.</information>\n\n'
+        "Question: who sang the song you got a friend in me?\n")
+    assert "Timbuktu" not in RagFormat(plain, {"q1": passages}).user_content(Q)
+
+
 @pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is not beside the checkout")
 def test_no_shipped_question_is_the_examples():
     """The example's topic is in no train or dev question (else a dev question would be answered in its prompt)."""

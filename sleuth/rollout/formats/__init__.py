@@ -6,6 +6,7 @@ from sleuth.rollout.formats.base import (
     FORMATS,
     PROMPT_VARIANTS,
     ProtocolFormat,
+    WorkedExample,
     first_complete_tag,
     format_names,
     get_format,
@@ -31,7 +32,8 @@ from sleuth.rollout.formats.tool_call import ToolCallFormat
 
 __all__ = [
     "FEWSHOT_EXAMPLE", "FORMATS", "FewShotSearchR1Format", "PROMPT_VARIANTS", "ProtocolFormat", "R1SearcherFormat",
-    "SEARCH_R1_INSTRUCTION", "SEARCH_R1_INVALID", "SearchR1Format", "TINY_INSTRUCTION", "TinySearchR1Format", "ToolCallFormat", "first_complete_tag",
-    "format_names", "get_format", "last_tag_content", "no_action_reason", "normalize_question", "register",
-    "register_prompt_variant", "remove_blocks", "render_passages_search_r1",
+    "SEARCH_R1_INSTRUCTION", "SEARCH_R1_INVALID", "SearchR1Format", "TINY_INSTRUCTION", "TinySearchR1Format",
+    "ToolCallFormat", "WorkedExample", "first_complete_tag", "format_names", "get_format", "last_tag_content",
+    "no_action_reason", "normalize_question", "register", "register_prompt_variant", "remove_blocks",
+    "render_passages_search_r1",
 ]

@@ -24,6 +24,9 @@ test doubles need not define them):
     fmt.search_turn(query, thought) -> str   a policy turn that searches, and
     fmt.answer_turn(answer, thought) -> str  one that answers: how ``sleuth sft`` writes the policy's
                                     turns of a synthesized transcript (``search_r1``, ``tool_call``)
+    fmt.example            -> WorkedExample | None  a demonstration the prompt puts before the question
+                                    (``search_r1_fewshot``); the no-search and RAG baselines show it
+                                    in their own form (eval's ``NoSearchFormat``, ``RagFormat``)
 
 Parsing rules shared by every format (each departs from its paper's code only where noted):
 
@@ -47,10 +50,27 @@ from __future__ import annotations
 
 import functools
 import re
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from sleuth.errors import ConfigError
 from sleuth.types import Action, Passage, Question
+
+
+@dataclass(frozen=True)
+class WorkedExample:
+    """One demonstration a prompt shows before the question, for base models (which continue text rather than
+    follow an instruction): a question, a search for ``query`` that returns ``passage``, and the answer, with the
+    thought before each turn; ``direct_thought`` is the thought of the no-search baseline's demonstration (no
+    passage read)."""
+
+    question: str
+    search_thought: str
+    query: str
+    passage: Passage
+    answer_thought: str
+    direct_thought: str
+    answer: str
 
 
 @runtime_checkable

@@ -5,6 +5,7 @@ base models (Search-R1's instruction followed by one worked example)."""
 from __future__ import annotations
 
 from sleuth.rollout.formats.base import (
+    WorkedExample,
     first_complete_tag,
     last_tag_content,
     no_action_reason,
@@ -65,6 +66,7 @@ class SearchR1Format:
 
     name = "search_r1"
     system_prompt: str | None = None
+    example: WorkedExample | None = None
     stop_sequences = ["</search>", "</answer>"]
     tool_messages = False
     generation_prefix = ""
@@ -123,16 +125,17 @@ class TinySearchR1Format(SearchR1Format):
 
 # A worked example written for Sleuth (its passage is ours, not Wikipedia's; no question of the shipped train or
 # dev files mentions Timbuktu). Its query is words of its question, not the instruction's placeholder ``query``.
-FEWSHOT_EXAMPLE = {
-    "question": "in which country is the city of timbuktu?",
-    "think_search": "I need to find where the city of Timbuktu is.",
-    "query": "timbuktu city country",
-    "passage": Passage(id="example-1", title="Timbuktu",
-                       text="Timbuktu is an ancient city in Mali, near the Niger River, on the southern edge of "
-                            "the Sahara."),
-    "think_answer": "The passage says that Timbuktu is a city in Mali.",
-    "answer": "Mali",
-}
+FEWSHOT_EXAMPLE = WorkedExample(
+    question="in which country is the city of timbuktu?",
+    search_thought="I need to find where the city of Timbuktu is.",
+    query="timbuktu city country",
+    passage=Passage(id="example-1", title="Timbuktu",
+                    text="Timbuktu is an ancient city in Mali, near the Niger River, on the southern edge of the "
+                         "Sahara."),
+    answer_thought="The passage says that Timbuktu is a city in Mali.",
+    direct_thought="Timbuktu is a city in Mali.",
+    answer="Mali",
+)
 
 
 @register_prompt_variant
@@ -146,12 +149,11 @@ class FewShotSearchR1Format(SearchR1Format):
     Search-R1's."""
 
     name = "search_r1_fewshot"
+    example = FEWSHOT_EXAMPLE
 
     def user_content(self, question: Question) -> str:
         head, _, _ = SEARCH_R1_INSTRUCTION.partition("Question: {question}")
-        ex = FEWSHOT_EXAMPLE
-        shot = (f"Question: {ex['question']}\n"
-                + self.search_turn(ex["query"], ex["think_search"])
-                + self.render_observation([(ex["query"], [ex["passage"]])])
-                + self.answer_turn(ex["answer"], ex["think_answer"]))
+        ex = self.example
+        shot = (f"Question: {ex.question}\n" + self.search_turn(ex.query, ex.search_thought)
+                + self.render_observation([(ex.query, [ex.passage])]) + self.answer_turn(ex.answer, ex.answer_thought))
         return f"{head}{shot}\n\nQuestion: {normalize_question(question.text)}\n"
