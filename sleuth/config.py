@@ -377,7 +377,8 @@ class TrainConfig:
     time_limit_minutes: Annotated[Float | None, Field(gt=0)] = None
     """Stop after the step after which one more like it would end past this many minutes of training (the slowest
     rank's clocks; loading and the final evaluation and save come on top), evaluate and save a checkpoint as after
-    a last step; ``--resume`` continues towards ``total_steps``. For machines lent by the minute. None: no limit."""
+    a last step (``sleuth sft``: saves); ``--resume`` continues towards ``total_steps``. For machines lent by the
+    minute. None: no limit."""
     sampler_check_every: Annotated[Int | None, Field(ge=0)] = None
     """With one on-policy pass the rollout's logprobs stand in for the old policy's; every this many steps (from
     step 1) the trainer's forward computes them too and the gap is logged (``rollout/sampler_gap_*``). None: every

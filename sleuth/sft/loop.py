@@ -9,6 +9,9 @@ The run directory is a Sleuth run like ``sleuth train``'s (``config.yaml``, ``me
 The model, the optimizer and the schedule are ``sleuth train``'s (:func:`sleuth.train.state.build_state`:
 float32 master weights, autocast in ``model.dtype``, LoRA with ``model.lora_rank``).
 
+``train.time_limit_minutes`` stops the run after the step after which one more like it would end past the limit
+(saved as a last step), as it stops ``sleuth train``; ``--resume`` continues.
+
 Exact resume: the transcripts are read back from ``OUT/transcripts.jsonl``; the order of each epoch
 is a permutation drawn from ``train.seed`` and the epoch number, so step ``s`` always takes the same
 transcripts, and the checkpoint's step, optimizer, schedule and RNG state are all that is needed.
@@ -40,7 +43,8 @@ from sleuth.train.host_memory import release_freed_memory
 from sleuth.train.logging import MetricsLogger, truncate_logs
 from sleuth.train.rundir import check_run_dir, warn_changed_settings, write_run_config
 from sleuth.train.sft import supervised_step
-from sleuth.train.state import build_state, make_scheduler, restore_state, save_state, seed_everything
+from sleuth.train.state import (build_state, make_scheduler, restore_state, save_state, seed_everything,
+                                set_determinism)
 
 TRANSCRIPTS = "transcripts.jsonl"
 
@@ -85,6 +89,7 @@ class SFTTrainer:
             raise UserError("sleuth sft runs in one process; start it without torchrun")
         check_run_dir(self.out, resume=resume, overwrite=overwrite)
         seed_everything(cfg.train.seed)
+        self.deterministic = set_determinism(cfg, ctx)  # train.deterministic / tf32, as sleuth train sets them
         sc = cfg.sft
         state_cfg = replace(cfg, algo=replace(cfg.algo, kl_coef=0.0, advantage="grpo"),
                             train=replace(cfg.train, lr=sc.lr, warmup_steps=sc.warmup_steps))
@@ -167,13 +172,21 @@ class SFTTrainer:
         tc = self.cfg.train
         last: dict = {}
         saved_at = self.step if self.step else None  # a resumed run's checkpoint holds this step
+        t_loop = time.perf_counter()
         while self.step < self.total_steps:
             self.step += 1
+            t_step = time.perf_counter()
             last = self.train_step()
             self.logger.log(self.step, last)
             if tc.save_every and self.step % tc.save_every == 0:
                 self.save()
                 saved_at = self.step
+            now = time.perf_counter()
+            if (self.step < self.total_steps and tc.time_limit_minutes is not None
+                    and now - t_loop + (now - t_step) >= 60 * tc.time_limit_minutes):
+                self.log(f"sleuth: train.time_limit_minutes ({tc.time_limit_minutes:g}) reached after step "
+                         f"{self.step} of {self.total_steps}: saved as a last step; --resume continues")
+                break
         if saved_at != self.step:
             self.save()
         self.logger.close()

@@ -35,7 +35,13 @@ def test_sft_runs_resumes_exactly_and_feeds_train(tmp_path, monkeypatch, capsys)
     monkeypatch.setattr(train_loop, "release_freed_memory", lambda: trims.append("train"))
     run = cli_runner(monkeypatch, capsys, ["sleuth.sft.cli", "sleuth.train.cli"])
     straight, halves = tmp_path / "straight", tmp_path / "halves"
-    rc, out, err = run("sft", "--config", CONFIG, "--out", straight, *SMALL, "--set", "sft.steps=4", "--json")
+    was_deterministic = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(False)
+    try:
+        rc, out, err = run("sft", "--config", CONFIG, "--out", straight, *SMALL, "--set", "sft.steps=4", "--json")
+        assert torch.are_deterministic_algorithms_enabled()  # train.deterministic's default on a CPU, as in train
+    finally:
+        torch.use_deterministic_algorithms(was_deterministic)
     assert rc == 0, err
     assert trims == ["sft"] * 4
     summary = json.loads(out.strip().splitlines()[-1])
@@ -44,8 +50,14 @@ def test_sft_runs_resumes_exactly_and_feeds_train(tmp_path, monkeypatch, capsys)
     rows = _metrics(straight)
     assert [r["step"] for r in rows] == [1, 2, 3, 4] and rows[-1]["sft/loss"] < rows[0]["sft/loss"]
 
-    # two steps, then --resume to four: the same weights and losses as the straight run
-    assert run("sft", "--config", CONFIG, "--out", halves, *SMALL, "--set", "sft.steps=2", "--json")[0] == 0
+    # train.time_limit_minutes stops it after its first step of four (saved); --resume without the limit goes on
+    # to four: the same weights and losses as the straight run
+    rc, out, err = run("sft", "--config", CONFIG, "--out", halves, *SMALL, "--set", "sft.steps=4",
+                       "--set", "train.time_limit_minutes=1e-9", "--json")
+    assert rc == 0, err
+    assert json.loads(out.strip().splitlines()[-1])["step"] == 1
+    assert "train.time_limit_minutes (1e-09) reached after step 1 of 4" in err
+    assert (halves / "checkpoints" / "latest").is_file()
     rc, _, err = run("sft", "--config", CONFIG, "--out", halves, *SMALL, "--set", "sft.steps=4", "--resume", "--json")
     assert rc == 0, err
     assert "read back" in err
