@@ -11,10 +11,10 @@
 # reward), and the whole run does not fit one session: `report ARM --base-only` runs the same command until its
 # four base evaluations are done, stops it as its RL stage begins, and keeps them in
 # docs/experiments/gemma3_zero3_base.tar.gz (with their done/ marks and times; never overwritten). Where that file
-# exists and runs/gemma3/zero3 does not, `report ARM` restores it first and the recipe skips those evaluations. Both run at the registered code (REG below): from
-# this checkout where its sleuth/, configs/ and examples/ (but the summary script) equal REG's, else from a
-# worktree at REG beside it (made if missing; its runs/ a link to this checkout's, its Python this checkout's
-# .venv with the worktree first on PYTHONPATH).
+# exists and runs/gemma3/zero3 does not, `report ARM` restores it first and the recipe skips those evaluations.
+# All modes run at the registered code (REG below): from this checkout where its sleuth/, configs/ and examples/
+# (but the summary script) equal REG's, else from a worktree at REG beside it (made if missing; its runs/ a link to
+# this checkout's, its Python this checkout's .venv with the worktree first on PYTHONPATH).
 set -euo pipefail
 usage() { echo "usage: $0 pilot|select|report E|F [--base-only]" >&2; exit 2; }
 MODE=${1:-}; ARM=${2:-}; BASE_ONLY=0

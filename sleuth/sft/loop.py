@@ -44,7 +44,7 @@ from sleuth.train.logging import MetricsLogger, truncate_logs
 from sleuth.train.rundir import check_run_dir, warn_changed_settings, write_run_config
 from sleuth.train.sft import supervised_step
 from sleuth.train.state import (build_state, make_scheduler, restore_state, save_state, seed_everything,
-                                set_determinism)
+                                set_determinism, time_limit_reached)
 
 TRANSCRIPTS = "transcripts.jsonl"
 
@@ -182,8 +182,7 @@ class SFTTrainer:
                 self.save()
                 saved_at = self.step
             now = time.perf_counter()
-            if (self.step < self.total_steps and tc.time_limit_minutes is not None
-                    and now - t_loop + (now - t_step) >= 60 * tc.time_limit_minutes):
+            if self.step < self.total_steps and time_limit_reached(tc.time_limit_minutes, now - t_loop, now - t_step):
                 self.log(f"sleuth: train.time_limit_minutes ({tc.time_limit_minutes:g}) reached after step "
                          f"{self.step} of {self.total_steps}: saved as a last step; --resume continues")
                 break

@@ -57,6 +57,7 @@ from sleuth.train.state import (
     save_state,
     seed_everything,
     set_determinism,
+    time_limit_reached,
 )
 
 
@@ -280,7 +281,7 @@ class Trainer:
         if limit is None:
             return False
         elapsed, step_s = reduce.all_max([time.perf_counter() - t_loop, step_s], self.state.compute_device)
-        return elapsed + step_s >= 60 * limit
+        return time_limit_reached(limit, elapsed, step_s)
 
     def _on_collapse(self, warning: str) -> bool:
         """Handle a suspected collapse; True stops the loop."""

@@ -43,6 +43,12 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def time_limit_reached(limit_minutes: float | None, elapsed_s: float, step_s: float) -> bool:
+    """``train.time_limit_minutes``: whether one more step as long as the last (``step_s``) would end past the limit,
+    ``elapsed_s`` after the loop began (``sleuth train`` passes the slowest rank's clocks; ``sleuth sft`` its own)."""
+    return limit_minutes is not None and elapsed_s + step_s >= 60 * limit_minutes
+
+
 def set_determinism(cfg: Config, ctx: DistContext) -> bool:
     """``train.deterministic`` (None: True on CPU runs, False on GPUs) and, on a GPU, ``train.tf32``;
     returns whether deterministic algorithms were set."""
