@@ -46,9 +46,9 @@ def training(run: Path) -> dict:
 COPIES = frozenset({"query", "timbuktu city country"})  # copies of the prompt, not searches for the question
 
 
-def evaluation(d: Path) -> dict:
+def evaluation(d: Path, copies: frozenset[str] = COPIES) -> dict:
     rows = _jsonl(d / "trajectories.jsonl")
-    real = sum(q.strip().lower() not in COPIES for r in rows for q in r["queries"])
+    real = sum(q.strip().lower() not in copies for r in rows for q in r["queries"])
     return {"summary": json.loads((d / "results.json").read_text(encoding="utf-8"))["summary"],
             "real_searches_per_question": round(real / len(rows), 4) if rows else 0.0,
             "questions": [{"id": r["id"], "source": r["data_source"], "em": r["em"], "f1": round(r["f1"], 4),
@@ -56,9 +56,9 @@ def evaluation(d: Path) -> dict:
                            "queries": r["queries"]} for r in rows]}
 
 
-def evaluations(run: Path) -> dict:
+def evaluations(run: Path, copies: frozenset[str] = COPIES) -> dict:
     dirs = sorted(p for p in (run / "eval").iterdir() if (p / "results.json").is_file())
-    return {d.name: evaluation(d) for d in dirs}
+    return {d.name: evaluation(d, copies) for d in dirs}
 
 
 def stage_seconds(run: Path) -> dict:
@@ -80,14 +80,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--what", required=True, help="what the run is, in words")
     p.add_argument("--code", required=True, help="the commit whose code the run used")
     p.add_argument("--splits", type=Path, default=Path("runs/rl_gain"), help="where P, S and C.jsonl are")
+    p.add_argument("--copy", action="append", default=[], metavar="QUERY",
+                   help="one more query that copies the prompt (not a real search), beside those of COPIES; repeat")
     a = p.parse_args(argv)
+    copies = COPIES | {q.strip().lower() for q in a.copy}
     if len(a.paths) != (1 if a.arm else 2):
         p.error("give RUN OUT, or --arm NAME=DIR ... OUT")
     out = a.paths[-1]
     if out.exists():
         print(f"{out} exists: not overwritten (choose another name or remove it yourself)", file=sys.stderr)
         return 2
-    record = {"what": a.what, "code": a.code, "P_sha256": _sha256(a.splits / "P.jsonl")}
+    record = {"what": a.what, "code": a.code, "P_sha256": _sha256(a.splits / "P.jsonl"),
+              **({"copies": sorted(copies)} if a.copy else {})}
     if a.arm:
         arms = {}
         for spec in a.arm:
@@ -95,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             if not sep or not name or not (Path(d) / "eval_S" / "results.json").is_file():
                 print(f"--arm {spec}: expected NAME=DIR with an evaluation in DIR/eval_S", file=sys.stderr)
                 return 2
-            arms[name] = {**evaluation(Path(d) / "eval_S"), "stage_seconds": stage_seconds(Path(d)),
+            arms[name] = {**evaluation(Path(d) / "eval_S", copies), "stage_seconds": stage_seconds(Path(d)),
                           "training": training(Path(d))}
         record.update(S_sha256=_sha256(a.splits / "S.jsonl"), arms=arms)
         n = sum(len(e["questions"]) for e in arms.values())
@@ -105,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{run} has no eval/ directory: is it a recipe's OUT_DIR?", file=sys.stderr)
             return 2
         record.update(C_sha256=_sha256(a.splits / "C.jsonl"), stage_seconds=stage_seconds(run),
-                      training=training(run), evaluations=evaluations(run))
+                      training=training(run), evaluations=evaluations(run, copies))
         n = sum(len(e["questions"]) for e in record["evaluations"].values())
     out.write_text(json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n", encoding="utf-8")
     print(f"wrote {out}: {n} question records")

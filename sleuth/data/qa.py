@@ -151,6 +151,16 @@ def _golden_answers(where: str, value: Any) -> tuple[str, ...]:
     return tuple(answers)
 
 
+def raw_rows(path: str | Path) -> Iterator[tuple[str, dict]]:
+    """The rows of a QA file as read, ``(where, row)``; ``where`` is what a loaded question's
+    ``meta["source"]`` names (Search-R1 parquet rows already mapped onto the FlashRAG fields)."""
+    path = Path(path)
+    reader = _READERS.get(path.suffix.lower())
+    if reader is None or not path.is_file():
+        load_questions(path)  # the error that names the problem
+    return reader(path)
+
+
 def row_to_question(where: str, row: dict, *, position: int, data_source: str, split: str) -> Question:
     """Build one :class:`Question` from a FlashRAG-style row; errors name ``where`` and the field."""
     text = row.get("question")

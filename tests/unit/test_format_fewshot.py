@@ -110,3 +110,27 @@ def test_no_shipped_question_is_the_examples():
             if line.strip():
                 row = json.loads(line)
                 assert "timbuktu" not in row["question"].lower() and "Mali" not in row["golden_answers"], path
+
+
+def test_the_verbatim_variant_searches_for_its_question_as_written():
+    """``search_r1_fewshot_verbatim``: the same prompt but the example's thought and query (its question, as
+    written); still a valid sequence that earns the full reward, parsed as a search for that text; the baselines'
+    prompts (which show no query) and everything else are ``search_r1_fewshot``'s."""
+    from sleuth.eval.evaluate import NoSearchFormat
+    from sleuth.eval.rag import RagFormat
+
+    verbatim, fewshot = get_format("search_r1_fewshot_verbatim"), get_format("search_r1_fewshot")
+    question_line, turns = _shot(verbatim.user_content(Q))
+    assert question_line == "Question: in which country is the city of timbuktu?"
+    head, tail = turns.split("</think>\n", 1)
+    assert head == "<think> I will search for the question. "
+    assert tail.startswith("<search> in which country is the city of timbuktu? </search>\n\n<information>Doc 1")
+    assert tail.partition("</search>")[2] == _shot(fewshot.user_content(Q))[1].partition("</search>")[2]
+    assert is_valid_format(turns) and verbatim.extract_answer(turns) == "Mali"
+    assert build_reward(RewardConfig(kind="search_r1_v03", format_score=0.2))(turns, ["Mali"]) == 1.0
+    first = verbatim.parse_action(turns[:turns.index("</search>") + len("</search>")])
+    assert first.kind is ActionKind.SEARCH and first.queries == ["in which country is the city of timbuktu?"]
+    assert NoSearchFormat(verbatim).user_content(Q) == NoSearchFormat(fewshot).user_content(Q)
+    passages = fewshot.render_observation([("q", [Passage(id="1", title="Toy Story", text="Randy Newman sang it.")])])
+    assert RagFormat(verbatim, {"q1": passages}).user_content(Q) == RagFormat(fewshot, {"q1": passages}).user_content(Q)
+    assert apply_overrides(Config(), ["rollout.format=search_r1_fewshot_verbatim"]).rollout.format == verbatim.name

@@ -4,6 +4,8 @@ base models (Search-R1's instruction followed by one worked example)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from sleuth.rollout.formats.base import (
     WorkedExample,
     first_complete_tag,
@@ -157,3 +159,21 @@ class FewShotSearchR1Format(SearchR1Format):
         shot = (f"Question: {ex.question}\n" + self.search_turn(ex.query, ex.search_thought)
                 + self.render_observation([(ex.query, [ex.passage])]) + self.answer_turn(ex.answer, ex.answer_thought))
         return f"{head}{shot}\n\nQuestion: {normalize_question(question.text)}\n"
+
+
+# The same example, its search the question as written: a base model copies the example's form (Gemma-3-270M under
+# ``search_r1_fewshot`` wrote keyword lists, unrelated words, or ``timbuktu city country``), and a search for a
+# question's own text is what ``sleuth eval --rag`` and ``sleuth data filter`` send.
+VERBATIM_EXAMPLE = replace(FEWSHOT_EXAMPLE, search_thought="I will search for the question.",
+                           query=FEWSHOT_EXAMPLE.question)
+
+
+@register_prompt_variant
+class VerbatimFewShotSearchR1Format(FewShotSearchR1Format):
+    """``search_r1_fewshot`` whose example searches for its question as written
+    (``rollout.format: search_r1_fewshot_verbatim``); its baselines' prompts (no search, RAG) are
+    ``search_r1_fewshot``'s, which show no query."""
+
+    name = "search_r1_fewshot_verbatim"
+    example = VERBATIM_EXAMPLE
+
