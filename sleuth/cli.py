@@ -15,6 +15,7 @@ import sys
 import sleuth.toy  # noqa: F401  registers the embedded 'tiny' model and toy world (sleuth.named)
 from sleuth.errors import SleuthError
 from sleuth.retrieval.base import RetrieverDownError
+from sleuth.train.host_memory import limit_kernel_caches
 from sleuth.version import __version__
 
 # Modules that contribute commands, in help order.
@@ -52,6 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    limit_kernel_caches()  # before torch's first oneDNN call (sleuth.train.host_memory)
     try:
         return int(args.func(args) or 0)
     except RetrieverDownError as e:  # a retriever that stays down: the message says what happened and what to do

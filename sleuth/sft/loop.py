@@ -39,7 +39,7 @@ from sleuth.sft.synthesize import synthesize
 from sleuth.data.transcripts import Transcript, encode, load_transcripts, read_transcripts, write_transcripts
 from sleuth.train.checkpoint import latest_checkpoint
 from sleuth.train.distributed import init_distributed
-from sleuth.train.host_memory import release_freed_memory
+from sleuth.train.host_memory import limit_kernel_caches, release_freed_memory
 from sleuth.train.logging import MetricsLogger, truncate_logs
 from sleuth.train.rundir import check_run_dir, warn_changed_settings, write_run_config
 from sleuth.train.sft import supervised_step
@@ -82,6 +82,7 @@ class SFTTrainer:
 
     def __init__(self, cfg: Config, out_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
                  progress: bool = True, log=None):
+        limit_kernel_caches()  # the Python API's way in: before the weights are loaded (train/host_memory)
         self.cfg, self.out = validate(cfg), Path(out_dir)
         self.log = log or (lambda msg: print(msg, file=sys.stderr))
         ctx = init_distributed()

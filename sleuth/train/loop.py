@@ -40,7 +40,7 @@ from sleuth.train.collect import ScoredBatch, collect
 from sleuth.train.distributed import init_distributed
 from sleuth.train.engine import RolloutEngine
 from sleuth.train.guide import make_guide
-from sleuth.train.host_memory import release_freed_memory
+from sleuth.train.host_memory import limit_kernel_caches, release_freed_memory, resident_gib
 from sleuth.train.layout import RowLayout
 from sleuth.train.learn import learn, sampler_logprobs_are_old
 from sleuth.train.logging import MetricsLogger, truncate_logs
@@ -69,6 +69,7 @@ class Trainer:
 
     def __init__(self, cfg: Config, out_dir: str | Path, *, resume: bool = False, overwrite: bool = False,
                  progress: bool = True):
+        limit_kernel_caches()  # the Python API's way in: before the weights are loaded (host_memory)
         self.cfg, self.out = validate(cfg), Path(out_dir)
         self.ctx = init_distributed(cfg.rollout.workers)  # rollout.workers: this is a training rank
         if self.ctx.is_main:
@@ -178,6 +179,8 @@ class Trainer:
         metrics = reduce.reduce_metrics(metrics, world_size=self.ctx.world_size,
                                         question_ids=[q.id for q in batch.questions])
         release_freed_memory()  # CPU: what the step freed back to the system (train/host_memory)
+        if self._peaks.host:  # CPU: what the process holds between steps (grows with a leak)
+            metrics["mem/resident_gib"] = resident_gib()
         return metrics, batch.trajectories
 
     def collect(self) -> ScoredBatch:

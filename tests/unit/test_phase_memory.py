@@ -1,5 +1,7 @@
 """mem/<phase>_peak_gib: each phase's own peak (the counter reset between phases) beside the plan's
-figure; nothing on CPU. CUDA's counters are faked."""
+figure: on CUDA the allocator's (its counters faked), on a Linux CPU the process's resident peak (real)."""
+
+import sys
 
 import pytest
 import torch
@@ -10,10 +12,29 @@ from sleuth.train.phase_memory import PhasePeaks
 pytestmark = pytest.mark.unit
 
 
-def test_nothing_is_recorded_on_cpu():
+def test_nothing_is_recorded_on_a_cpu_whose_resident_peak_cannot_be_reset(monkeypatch):
+    from sleuth.train import host_memory
+
+    monkeypatch.setattr(host_memory, "reset_resident_peak", lambda: False)  # not Linux, or /proc not writable
     peaks = PhasePeaks(torch.device("cpu"))
     peaks.mark("rollout")
     assert peaks.figures == {}
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+def test_on_a_cpu_each_phase_gets_the_process_resident_peak_of_that_phase_alone():
+    gib = 2**30
+    plan = MemoryPlan(phases={"rollout": (3 * gib, ""), "update": (5 * gib, "")})
+    peaks = PhasePeaks(torch.device("cpu"), plan)
+    block = torch.ones(300 * 2**20, dtype=torch.uint8)  # 300 MiB, every page touched
+    del block  # an allocation this large is its own mapping: given back at once
+    peaks.mark("rollout")
+    peaks.mark("update")  # nothing large since the reset
+    figures = peaks.figures
+    assert set(figures) == {"mem/rollout_peak_gib", "mem/rollout_plan_gib", "mem/update_peak_gib",
+                            "mem/update_plan_gib"}
+    assert figures["mem/rollout_plan_gib"] == 3.0 and figures["mem/update_plan_gib"] == 5.0
+    assert figures["mem/rollout_peak_gib"] - figures["mem/update_peak_gib"] > 0.25, figures
 
 
 def test_each_phase_gets_its_own_peak_and_the_plans_figure(monkeypatch):
