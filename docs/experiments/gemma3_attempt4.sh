@@ -24,7 +24,7 @@ case "$MODE" in
 esac
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
-REG=90e72d7
+REG=f0a9eb2  # registered 90e72d7; the declared deviation of 2026-11-28 (docs/results.md): the OOM fix
 PY=$ROOT/.venv/bin/python
 [ -x "$PY" ] || { echo "no $PY: make venv first" >&2; exit 2; }
 export SLEUTH=$ROOT/.venv/bin/sleuth
