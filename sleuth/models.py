@@ -20,6 +20,7 @@ import torch
 
 from sleuth.device import check_device
 from sleuth.errors import ConfigError, ModelError
+from sleuth import gguf_cache
 from sleuth.files import cache_root
 from sleuth.named import model_dir
 from sleuth.run_layout import previous_checkpoint
@@ -215,6 +216,9 @@ def load_policy(name_or_path: str, *, dtype: str = "float32", device: str = "aut
         raise ConfigError(f"model.dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     source = resolve_model(model_dir(name_or_path), gguf_file)  # "tiny": the embedded model (sleuth.named)
     target = pick_device(device)  # a bad device fails before the (slow) load
+    gguf = Path(source.path) / source.gguf_file if source.gguf_file else None
+    if gguf is not None and (cached := gguf_cache.lookup(gguf, dtype)) is not None:
+        source, gguf = ModelSource(str(cached)), None  # de-quantised by an earlier load (sleuth.gguf_cache)
     kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
     try:
         with _quiet_gguf_bar() if source.gguf_file else contextlib.nullcontext():
@@ -228,8 +232,10 @@ def load_policy(name_or_path: str, *, dtype: str = "float32", device: str = "aut
         raise damaged from None
     if source.gguf_file:
         _as_plain_weights(model, source)
-    model.to(target)
     tokenizer = load_tokenizer(source)
+    if gguf is not None:
+        gguf_cache.store(model, tokenizer, gguf, dtype)  # the next load reads it instead of de-quantising
+    model.to(target)
     if model.config.pad_token_id is None:
         model.config.pad_token_id = tokenizer.pad_token_id
     return model, tokenizer

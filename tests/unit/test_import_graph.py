@@ -119,7 +119,7 @@ def test_in_package_imports_are_at_module_top_or_say_why():
 # root are on top.
 LAYERS = [
     {"sleuth.version", "sleuth.errors", "sleuth.types", "sleuth.device", "sleuth.config", "sleuth.config_file",
-     "sleuth.records", "sleuth.output", "sleuth.named", "sleuth.run_layout", "sleuth.files"},
+     "sleuth.records", "sleuth.output", "sleuth.named", "sleuth.run_layout", "sleuth.files", "sleuth.gguf_cache"},
     {"sleuth.algo", "sleuth.retrieval", "sleuth.reward", "sleuth.models"},
     {"sleuth.rollout", "sleuth.data"},
     {"sleuth.build", "sleuth.eval"},
