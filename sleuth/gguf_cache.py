@@ -35,7 +35,8 @@ def entry(gguf: Path, dtype: str) -> Path:
 
     st = gguf.stat()
     key = json.dumps([str(gguf.resolve()), st.st_size, st.st_mtime_ns, dtype, transformers.__version__, FORMAT])
-    return cache_root() / "models" / "dequantized" / f"{gguf.stem}-{dtype}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return cache_root() / "models" / "dequantized" / f"{gguf.stem}-{dtype}-{digest}"
 
 
 def lookup(gguf: Path, dtype: str) -> Path | None:

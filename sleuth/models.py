@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
+from sleuth import gguf_cache
 from sleuth.device import check_device
 from sleuth.errors import ConfigError, ModelError
-from sleuth import gguf_cache
 from sleuth.files import cache_root
 from sleuth.named import model_dir
 from sleuth.run_layout import previous_checkpoint

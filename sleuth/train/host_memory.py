@@ -12,17 +12,16 @@ glibc (macOS, musl) it does nothing.
 
 Second, oneDNN's kernel caches (:func:`limit_kernel_caches`). On a CPU with bfloat16 instructions, PyTorch runs
 bf16 matmuls through oneDNN, which keeps every kernel it built, keyed by the exact shapes, in two caches of
-1,024 entries each (oneDNN's primitive cache and PyTorch's ideep cache); a kernel keeps buffers sized by its
-shapes. Training rows change length every micro-batch and rollout batches shrink as rows finish, so the caches
+1,024 entries each (oneDNN's primitive cache and PyTorch's ideep cache); the step peaks fell with the caches
+limited, so the cached kernels also hold memory sized by their shapes. Training rows change length every micro-batch and rollout batches shrink as rows finish, so the caches
 fill with kernels that are never used again. Measured 2026-11-28 (``bench/host_memory.py`` on Gemma-3-270M's
-attempt-3 recipe, the same batches): the default caches grew the process by 55 MB a step between steps
-(leaked for good: heap memory still in use after ``malloc_trim``, not tensors, not Python objects) and
-its peak from 10.8 to 13.2 GiB in 10 steps; the
-kernel-building attempt 3's trainer was killed by the kernel's out-of-memory killer at 24.4 GiB in its 44th
-step where a fresh process had run the same step at ~15.8 GiB. With both caches at 16 entries the
-process stayed at 3.67 GiB between steps and peaked at 8.1-8.6 GiB through 6 steps, and the steps ran
-about 10% faster. Sleuth sets both (unless the user has) before the process's first oneDNN call: first thing
-in the ``sleuth`` command and in the trainers' constructors.
+attempt-3 recipe, the same batches): with the default caches the process kept 55 MB more after every step
+(heap memory still in use after ``malloc_trim``; not tensors, not Python objects) and its step peak rose from
+10.8 to 13.2 GiB in 10 steps; attempt 3's own trainer was killed by the kernel's out-of-memory killer at
+24.4 GiB in its 44th step, where a fresh process ran the same step at ~15.8 GiB. With both caches at 16
+entries the process stayed at 3.68 GiB between steps and peaked at 7.7-8.8 GiB through 6 steps, and the steps
+ran ~11% faster. Sleuth sets both (unless the user has) before the process's first oneDNN call: first thing in
+the ``sleuth`` command and in the trainers' constructors.
 """
 
 from __future__ import annotations
