@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+import sleuth.toy  # noqa: E402,F401  registers the embedded 'tiny' model and toy world, as the sleuth command does
 from sleuth.config_file import load_config  # noqa: E402
 
 GIB = 2**30
@@ -135,9 +136,9 @@ def main(argv: list[str] | None = None) -> int:
         trainer.step += 1
         reset_peak()
         trainer.train_step()
-        peak = _status_kib("VmHWM") / 2**20
+        peak, rss, heap = _status_kib("VmHWM") / 2**20, _status_kib("VmRSS") / 2**20, mallinfo()  # before the census
         tensor_gib, objects = tensor_census()
-        row = {"step": trainer.step, "rss_gib": _status_kib("VmRSS") / 2**20, "peak_gib": peak, **mallinfo(),
+        row = {"step": trainer.step, "rss_gib": rss, "peak_gib": peak, **heap,
                "tensor_gib": tensor_gib, "objects": objects, "s": round(time.perf_counter() - t0, 1)}
         rows.append(row)
         print(json.dumps(row) if args.json else "  ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
