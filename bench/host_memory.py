@@ -30,7 +30,6 @@ import contextlib
 import ctypes
 import gc
 import json
-import re
 import sys
 import tempfile
 import time
@@ -43,6 +42,7 @@ import torch  # noqa: E402
 
 import sleuth.toy  # noqa: E402,F401  registers the embedded 'tiny' model and toy world, as the sleuth command does
 from sleuth.config_file import load_config  # noqa: E402
+from sleuth.train.host_memory import reset_resident_peak, resident_gib, resident_peak_gib  # noqa: E402
 
 GIB = 2**30
 
@@ -61,15 +61,6 @@ def mallinfo() -> dict[str, float]:
     fn.restype = _Mallinfo2
     m = fn()
     return {"malloc_used_gib": m.uordblks / GIB, "malloc_free_gib": m.fordblks / GIB, "mmap_gib": m.hblkhd / GIB}
-
-
-def _status_kib(field: str) -> int:
-    return int(re.search(rf"^{field}:\s+(\d+) kB", Path("/proc/self/status").read_text(), re.M).group(1))
-
-
-def reset_peak() -> None:
-    """Start ``VmHWM`` again from the current resident size (Linux >= 4.0)."""
-    Path("/proc/self/clear_refs").write_text("5")
 
 
 def tensor_census() -> tuple[float, int]:
@@ -124,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     t0 = time.perf_counter()
     tensor_gib, objects = tensor_census()
-    rows.append({"step": 0, "rss_gib": _status_kib("VmRSS") / 2**20, "peak_gib": _status_kib("VmHWM") / 2**20,
+    rows.append({"step": 0, "rss_gib": resident_gib(), "peak_gib": resident_peak_gib(),
                  **mallinfo(), "tensor_gib": tensor_gib, "objects": objects, "s": 0.0})
     tracker = contextlib.nullcontext()
     for _ in range(args.steps):
@@ -134,9 +125,9 @@ def main(argv: list[str] | None = None) -> int:
             tracker = memray.Tracker(args.memray, native_traces=args.native)
             tracker.__enter__()
         trainer.step += 1
-        reset_peak()
+        reset_resident_peak()
         trainer.train_step()
-        peak, rss, heap = _status_kib("VmHWM") / 2**20, _status_kib("VmRSS") / 2**20, mallinfo()  # before the census
+        peak, rss, heap = resident_peak_gib(), resident_gib(), mallinfo()  # before the census
         tensor_gib, objects = tensor_census()
         row = {"step": trainer.step, "rss_gib": rss, "peak_gib": peak, **heap,
                "tensor_gib": tensor_gib, "objects": objects, "s": round(time.perf_counter() - t0, 1)}
