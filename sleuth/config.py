@@ -213,6 +213,9 @@ class RewardConfig:
     """lambda_retrieval of the Search-R1 v0.3 composite."""
     final_format_score: Float = 0.0
     """Reward for a wrong answer in a response that is *not* well-formed (Search-R1 v0.3's last branch)."""
+    answer_metric: Literal["em", "f1"] = "em"
+    """How ``search_r1_v03`` judges the answer: em (Search-R1's) or f1, the answer's token F1 paying its share of
+    the way from the wrong-answer branch to the exact-match one (a sentence holding the gold answer earns part)."""
     read_corrective: Bool = True
     """Whether the reward reads the invalid-action messages the environment injects, as Search-R1 does. Their
     text holds ``<answer> and </answer>``, so a response of invalid actions "answers" ``and``: a wrong answer in

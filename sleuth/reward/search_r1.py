@@ -17,6 +17,11 @@
 
   The retrieval hit is only looked at when the format is valid (as in Search-R1). The first
   branch is kept for fidelity but cannot fire: a valid response ends with an answer.
+  ``answer_metric="f1"`` (not Search-R1's; ``reward.answer_metric: f1``) pays an answer by its token F1 ``a``
+  instead of exact match: the reward moves from the wrong branch (``a`` = 0) to the exact-match branch (``a`` = 1)
+  in proportion, ``a * score + (1 - a) * wrong``, so a sentence that holds the gold answer earns a part of the
+  step to ``score`` and a shorter one more (R1-Searcher's stage 2 pays F1 for the same reason). An exact match
+  counts 1, so with answers that are right or share no word with a gold one the two metrics pay alike.
 * :func:`stage1_reward` is not Search-R1's: R1-Searcher's stage-1 reward
   (:func:`sleuth.reward.r1_searcher.stage1_reward`) read in Search-R1's tags, for a first stage that pays a base
   model for calling the search engine in the format Search-R1's prompt teaches (``reward.kind:
@@ -31,8 +36,11 @@ question whose gold is Beijing).
 
 from __future__ import annotations
 
-from sleuth.reward.metrics import Golds, as_answer_list, cover_em, exact_match
+from sleuth.reward.metrics import Golds, as_answer_list, cover_em, exact_match, token_f1
 from sleuth.reward.tags import extract_answer, information_blocks, is_valid_format, retrieval_hit, search_calls
+
+ANSWER_METRICS = ("em", "f1")
+"""What :func:`format_reward` judges an answer by (``reward.answer_metric``)."""
 
 
 def em_reward(response: str, golden_answers: Golds, *, format_score: float = 0.0, score: float = 1.0) -> float:
@@ -62,8 +70,10 @@ def format_reward(
     final_format_score: float = 0.0,
     retrieval_score: float = 0.0,
     score: float = 1.0,
+    answer_metric: str = "em",
 ) -> float:
-    """Search-R1 v0.3 ``qa_em_format.compute_score_em`` (see the module table)."""
+    """Search-R1 v0.3 ``qa_em_format.compute_score_em`` (see the module table); ``answer_metric="f1"`` pays
+    an answer its token F1's share of the way from the wrong branch to the exact-match one."""
     golds = as_answer_list(golden_answers)
     valid = is_valid_format(response)
     hit = valid and retrieval_hit(response, golds)
@@ -71,9 +81,13 @@ def format_reward(
     answer = extract_answer(response)
     if answer is None:
         return shaped if valid else 0.0
-    if exact_match(answer, golds):
-        return score if valid else score - structure_format_score
-    return shaped if valid else final_format_score
+    right, wrong = (score, shaped) if valid else (score - structure_format_score, final_format_score)
+    if answer_metric not in ANSWER_METRICS:
+        raise ValueError(f"answer_metric must be one of {list(ANSWER_METRICS)}, got {answer_metric!r}")
+    if answer_metric == "em":
+        return right if exact_match(answer, golds) else wrong
+    a = 1.0 if exact_match(answer, golds) else token_f1(answer, golds)
+    return a * right + (1.0 - a) * wrong
 
 
 def stage1_reward(response: str, golden_answers: Golds, *, answer_term: bool = True) -> float:

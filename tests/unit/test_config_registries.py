@@ -71,6 +71,8 @@ REGISTRIES = {
     "model.reference_dtype": ("sleuth.models.DTYPES + auto", lambda: [*_dtypes(), "auto"]),
     "rollout.format": ("sleuth.rollout.formats (FORMATS and PROMPT_VARIANTS)", _formats),
     "reward.kind": ("sleuth.reward.REWARD_KINDS", _reward_kinds),
+    "reward.answer_metric": ("sleuth.reward.search_r1.ANSWER_METRICS", lambda: __import__(
+        "sleuth.reward.search_r1", fromlist=["ANSWER_METRICS"]).ANSWER_METRICS),
     "algo.advantage": ("sleuth.algo.advantages.ADVANTAGES", _advantages),
     "algo.kl_estimator": ("sleuth.algo.kl.KL_ESTIMATORS", _kl_estimators),
     "algo.loss_agg": ("sleuth.algo.aggregate.LOSS_AGGREGATIONS", _loss_aggregations),

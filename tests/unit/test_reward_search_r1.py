@@ -132,3 +132,35 @@ def test_build_reward_kinds():
 
 def test_f1_reward_no_answer_is_zero():
     assert f1_reward("<think>Paris</think>", ["Paris"]) == 0.0
+
+
+@pytest.mark.parametrize(
+    "response, expected",
+    [
+        # valid, hit, "Paris, France": F1 2/3 (P 1/2, R 1) -> 2/3 * 1 + 1/3 * 0.3 = 0.7667
+        (SEARCH + "<think>u</think><answer>Paris, France</answer>", 2 / 3 + 0.3 / 3),
+        # valid, no hit, "the city of Paris" -> tokens 'city of paris' (article dropped): P 1/3, R 1, F1 1/2
+        # -> 0.5 * 1 + 0.5 * 0.2 = 0.6
+        ("<think>t</think><answer>the city of Paris</answer>", 0.6),
+        # invalid (no think), "Paris, France": 2/3 * (1 - 0.2) + 1/3 * 0.1 = 0.5667
+        ("<answer>Paris, France</answer>", 2 / 3 * 0.8 + 0.1 / 3),
+        # the v0.3 branches where EM and F1 agree: exact (1 / 0.8), no shared word (0.3 / 0.1), no answer (0)
+        ("<think>t</think><answer>Paris</answer>", 1.0),
+        ("<answer>paris</answer>", 0.8),
+        (SEARCH + "<think>u</think><answer>Rome</answer>", 0.3),
+        (SEARCH + "<answer>Rome</answer>", 0.1),
+        (SEARCH + "<think>u", 0.0),
+    ],
+)
+def test_format_reward_with_f1_answers_by_hand(response, expected):
+    assert format_reward(response, ["Paris"], answer_metric="f1", **LAMBDAS) == pytest.approx(expected)
+    cfg = RewardConfig(kind="search_r1_v03", format_score=0.2, retrieval_score=0.1, final_format_score=0.1,
+                       answer_metric="f1")
+    assert build_reward(cfg)(response, ["Paris"]) == pytest.approx(expected)
+
+
+def test_format_reward_f1_counts_an_exact_match_whole():
+    # gold "The" normalises to nothing: EM holds ("" == ""), token F1 would be 0; the exact match pays in full
+    assert format_reward("<think>t</think><answer>a</answer>", ["The"], answer_metric="f1", **LAMBDAS) == 1.0
+    with pytest.raises(ValueError, match=r"answer_metric must be one of \['em', 'f1'\], got 'bleu'"):
+        format_reward("<think>t</think><answer>a</answer>", ["The"], answer_metric="bleu")
