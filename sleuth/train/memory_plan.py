@@ -21,13 +21,19 @@ What is counted (bytes per rank; P parameters, P_t trainable, N ranks, FSDP divi
 * FSDP: generation runs on the full weights, all-gathered (float32, plus their autocast copy);
 * activations of one micro-batch at the token budget ``M`` (``train.max_tokens_per_micro_batch``,
   else ``micro_batch_size x max_context_tokens``): per token and decoder layer, the tensors
-  autograd saves in a Llama-family block, measured with ``saved_tensors_hooks`` on CPU and
-  exact to the byte there (tests/component/test_memory_plan.py): float32
+  autograd saves in a block, measured with ``saved_tensors_hooks`` on CPU and exact to the byte
+  there (tests/component/test_memory_plan.py). A Llama-family block: float32
   ``32 H + 8 KV + 16 I + 4 A + 8`` bytes, under bf16 autocast ``30 H + 4 KV + 8 I + 4 A + 8`` (H hidden
   size, I the MLP's, KV = key-value heads x head size, A attention heads), plus ``8 H + 4 D + 12``
-  outside the blocks (embeddings, final norm, rotary tables; D head size); with gradient
-  checkpointing the blocks' inputs (``4 H``) plus one block recomputed; doubled with a critic;
-* with ``train.remove_padding``, the packed row's [M, M] boolean attention mask (eager/SDPA);
+  outside the blocks (embeddings, final norm, rotary tables; D head size). A Gemma-3 block (four norms
+  computed in float32, query/key norms; Q = A x D, which need not be H): float32
+  ``40 H + 16 I + 16 Q + 16 KV + 8 A + 4 K + 16``, bf16 ``42 H + 8 I + 14 Q + 10 KV + 8 A + 4 K + 16`` (K
+  key-value heads), plus ``8 H + 8 D + 15`` outside (packed rows); exact with one key-value head or one per query head,
+  a few hundred bytes a token more per block in between. With gradient checkpointing the blocks' inputs
+  (``4 H``) plus one block recomputed; doubled with a critic;
+* with ``train.remove_padding``, the packed row's [M, M] boolean attention mask, and the additive mask
+  SDPA makes of it and saves for backward in every layer: ``M^2`` bytes in the compute dtype per layer
+  (one layer with gradient checkpointing), measured for Llama and Gemma-3 blocks on CPU;
 * the output layer of a micro-batch: two [C, V] float32 blocks with the chunked head
   (``sleuth.train.chunked_head``), else ``20 V`` bytes per scored token (every token, an upper bound);
 * KV cache of generation: ``rows x max_context_tokens x 2 x layers x KV x dtype bytes`` for the rows
@@ -54,6 +60,7 @@ from sleuth.errors import ConfigError
 from sleuth.models import reference_dtype
 from sleuth.named import model_dir
 
+GEMMA3_TYPES = ("gemma3_text", "gemma3")  # model types whose blocks the Gemma-3 activation formula describes
 FREE_SHARE = 0.10  # of the device kept for what the plan does not count
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -76,6 +83,7 @@ class ModelShape:
     vocab: int
     chunked_head: bool  # the update's output layer runs chunked (a Llama-family plain head)
     sliding_layers: int = 0  # layers with sliding-window attention (Gemma-3: 5 of every 6)
+    family: str = "llama"  # whose block the activation formula describes: llama, or gemma3
     window: int | None = None  # their window, in tokens
     slot_cache: bool = True  # the HF rollout keeps every layer's keys/values whole (rollout/hf_cache.supports_slot_cache)
 
@@ -98,7 +106,8 @@ class ModelShape:
                    intermediate=getattr(c, "intermediate_size", 4 * c.hidden_size), kv_dim=kv_heads * head_dim,
                    heads=heads, head_dim=head_dim, vocab=c.vocab_size, chunked_head=plain_head(c),
                    sliding_layers=sliding, window=getattr(c, "sliding_window", None) if sliding else None,
-                   slot_cache=supports_slot_cache(model))
+                   slot_cache=supports_slot_cache(model),
+                   family="gemma3" if getattr(c, "model_type", "") in GEMMA3_TYPES else "llama")
 
 
 def load_shape(cfg: Config) -> ModelShape:
@@ -122,12 +131,20 @@ def lora_params(shape: ModelShape, rank: int, targets: list[str]) -> int:
 
 def activation_bytes_per_token(shape: ModelShape, dtype: str, checkpointing: bool) -> float:
     """Bytes autograd keeps per token of a micro-batch over all decoder layers (see the module docstring)."""
-    H, I, KV, L, A = shape.hidden, shape.intermediate, shape.kv_dim, shape.layers, shape.heads
-    if dtype == "float32":
-        block = 32 * H + 8 * KV + 16 * I + 4 * A + 8
+    H, I, KV, L, A, D = shape.hidden, shape.intermediate, shape.kv_dim, shape.layers, shape.heads, shape.head_dim
+    if shape.family == "gemma3":
+        Q, K = A * D, KV // D
+        if dtype == "float32":
+            block = 40 * H + 16 * I + 16 * Q + 16 * KV + 8 * A + 4 * K + 16
+        else:
+            block = 42 * H + 8 * I + 14 * Q + 10 * KV + 8 * A + 4 * K + 16
+        outside = 8 * H + 8 * D + 15
     else:
-        block = 30 * H + 4 * KV + 8 * I + 4 * A + 8
-    outside = 8 * H + 4 * shape.head_dim + 12
+        if dtype == "float32":
+            block = 32 * H + 8 * KV + 16 * I + 4 * A + 8
+        else:
+            block = 30 * H + 4 * KV + 8 * I + 4 * A + 8
+        outside = 8 * H + 4 * D + 12
     if checkpointing:  # each block's input kept, one block's activations alive while it is recomputed
         return L * 4 * H + block + outside
     return L * block + outside
@@ -213,8 +230,10 @@ def make_plan(cfg: Config, shape: ModelShape, *, world_size: int = 1, capacity: 
                             + (", checkpointed" if tc.grad_checkpointing else "")
                             + (", policy + critic" if held["critic"] else ""))
     if tc.remove_padding:  # eager/SDPA: the packed row's [N, N] block-diagonal mask (flash attention needs none)
-        it["packed-row mask"] = float(tokens) ** 2
-        notes["packed-row mask"] = f"[{tokens}, {tokens}] booleans (eager/SDPA attention)"
+        saved_in = (1 if tc.grad_checkpointing else shape.layers) * (2 if held["critic"] else 1)
+        it["packed-row mask"] = float(tokens) ** 2 * (1 + compute * saved_in)
+        notes["packed-row mask"] = (f"[{tokens}, {tokens}] booleans, and as {mc.dtype} saved for backward in "
+                                    f"{saved_in} layer(s) (eager/SDPA attention)")
     _output_layer_term(plan, cfg, shape, tokens, rows, device)
     pooled = _generation_terms(plan, cfg, shape, rows)
     plan.phases["rollout"] = (static + (gathered if fsdp else copy) + it["KV cache"] + it["prefix store"],

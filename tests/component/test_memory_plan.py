@@ -11,6 +11,7 @@ import torch
 from sleuth.config import AlgoConfig, Config
 from sleuth.models import DTYPES, compute_autocast, reference_dtype
 from sleuth.train.memory_plan import (
+    DTYPE_BYTES,
     MemoryPlanError,
     ModelShape,
     activation_bytes_per_token,
@@ -35,7 +36,7 @@ def _cfg(dtype="float32", rows=2, length=256, **train):
     return cfg
 
 
-def _measured_update_peak(policy, dtype, rows, length):
+def _measured_update_peak(policy, dtype, rows, length, layout="padded"):
     """Peak bytes (every live tensor: weights, reference, AdamW state, gradients, saved activations)
     of one update on a [rows, length] batch, the weights and reference held from the start."""
     from torch.distributed._tools.mem_tracker import MemTracker
@@ -54,7 +55,7 @@ def _measured_update_peak(policy, dtype, rows, length):
     tracker = MemTracker()
     tracker.track_external(policy, ref, opt)
     with tracker, compute_autocast(dtype, "cpu"):
-        policy_update(policy.train(), opt, batch, algo, RowLayout("padded", rows, rows * length))
+        policy_update(policy.train(), opt, batch, algo, RowLayout(layout, rows, rows * length))
     return tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
 
 
@@ -95,12 +96,89 @@ def test_the_activation_formula_is_exact_for_a_llama_block(dtype, dims):
     assert slope == pytest.approx(activation_bytes_per_token(shape, dtype, checkpointing=False), rel=1e-6)
 
 
+def _saved_bytes(model, dtype, ids_BT, *, packed):
+    """Bytes autograd saves (parameters aside) in sleuth's forward of ``ids_BT`` (no output layer)."""
+    from sleuth.train.forward import token_logprobs
+
+    seen = {}
+
+    def pack(t):
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), compute_autocast(dtype, "cpu"):
+        token_logprobs(model, ids_BT, torch.ones_like(ids_BT), packed=packed, needed_BT=torch.zeros_like(ids_BT).bool())
+    return sum(v for k, v in seen.items() if k not in params)
+
+
+def _tiny_gemma3(hidden, inter, heads, kv_heads, head_dim, layer_types):
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(0)
+    return Gemma3ForCausalLM(Gemma3TextConfig(
+        vocab_size=256, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=len(layer_types),
+        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim, sliding_window=8,
+        layer_types=layer_types)).train()
+
+
+def _packed_fit(model, dtype, rows=(2, 4, 8), length=48):
+    """(constant, per token, per token squared) of the bytes saved in packed rows of ``rows`` x ``length`` tokens."""
+    g = torch.Generator().manual_seed(0)
+    saved = [_saved_bytes(model, dtype, torch.randint(5, 256, (r, length), generator=g), packed=True) for r in rows]
+    n = torch.tensor([float(length * r) for r in rows], dtype=torch.float64)
+    fit = torch.linalg.lstsq(torch.stack([torch.ones_like(n), n, n * n], 1), torch.tensor(saved, dtype=torch.float64)[:, None])
+    return tuple(fit.solution[:, 0].tolist())
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dims", [(64, 128, 4, 1, 32), (96, 160, 6, 1, 16), (128, 64, 2, 2, 48), (160, 96, 4, 4, 24)])
+def test_the_activation_formula_is_exact_for_a_gemma3_block(dtype, dims):
+    """Bytes saved per token in packed rows (the linear term over three packed lengths; the trainer's path
+    for Gemma-3) of a 3-layer Gemma-3 equal the plan's Gemma-3 formula, blocks and outside; with one
+    key-value head and with one per query head."""
+    hidden, inter, heads, kv_heads, head_dim = dims
+    model = _tiny_gemma3(hidden, inter, heads, kv_heads, head_dim, ["full_attention"] * 3)
+    shape = ModelShape.from_config(model.config)
+    assert shape.family == "gemma3"
+    assert _packed_fit(model, dtype)[1] == pytest.approx(activation_bytes_per_token(shape, dtype, False), abs=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_packed_rows_save_their_mask_in_every_layer_as_the_plan_counts(dtype, arch):
+    """Packed rows: SDPA keeps the block-diagonal mask, in the compute dtype, for backward in every layer
+    (sliding-window layers too): the quadratic term of the saved bytes over three packed lengths equals the
+    plan's per-layer mask term."""
+    if arch == "llama":
+        model = _tiny_llama(hidden=64, inter=128, layers=3, vocab=256).train()
+    else:
+        model = _tiny_gemma3(64, 128, 4, 1, 32, ["sliding_attention", "sliding_attention", "full_attention"])
+    quadratic = _packed_fit(model, dtype)[2]
+    cfg = _cfg(dtype, rows=2, length=48, remove_padding=True)
+    plan = make_plan(cfg, ModelShape.from_config(model.config))
+    tokens = cfg.train.max_tokens_per_micro_batch
+    per_layer_masks = plan.items["packed-row mask"] / tokens**2 - 1  # less the boolean mask itself
+    assert quadratic == pytest.approx(per_layer_masks, abs=1e-6)
+    assert per_layer_masks == 3 * DTYPE_BYTES[dtype]
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_the_update_phase_of_a_tiny_llama_within_25_percent(dtype):
     model = _tiny_llama(hidden=128, inter=256, layers=4, vocab=2048)
     rows, length = 4, 512  # activations dominate: a long micro-batch on a small model
     plan = make_plan(_cfg(dtype, rows, length), ModelShape.from_config(model.config))
     measured = _measured_update_peak(model, dtype, rows, length)
+    assert plan.update == pytest.approx(measured, rel=0.25), (plan.update, measured, plan.table())
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_packed_update_phase_of_a_tiny_gemma3_within_25_percent(dtype):
+    """Gemma-3 (sliding-window layers, four norms a block) in packed rows, the trainer's layout for it."""
+    model = _tiny_gemma3(128, 256, 4, 1, 64, ["sliding_attention"] * 3 + ["full_attention"])
+    rows, length = 4, 512
+    plan = make_plan(_cfg(dtype, rows, length, remove_padding=True), ModelShape.from_config(model.config))
+    measured = _measured_update_peak(model, dtype, rows, length, layout="packed")
     assert plan.update == pytest.approx(measured, rel=0.25), (plan.update, measured, plan.table())
 
 
