@@ -34,7 +34,7 @@ from sleuth.config import RolloutConfig
 from sleuth.eval.metrics import EvalPerf, EvalSummary, score_trajectory, summarize
 from sleuth.eval.rag import RagFormat, rag_passages
 from sleuth.records import SEGMENT_TEXT_LIMIT, prompt_record, segment_records, turn_records
-from sleuth.rollout.formats import normalize_question
+from sleuth.rollout.formats import normalize_question, worked_examples
 from sleuth.rollout.loop import run_rollouts
 from sleuth.types import Passage, Question, Trajectory
 
@@ -63,12 +63,13 @@ class NoSearchFormat:
     def user_content(self, question: Question) -> str:
         """:data:`DIRECT_INSTRUCTION`; with a format that shows a worked example (``search_r1_fewshot``), its
         question answered directly (no search, no passage) goes before the question, as the search prompt's does."""
-        ex = getattr(self.base, "example", None)
-        if ex is None:
+        examples = worked_examples(self.base)
+        if not examples:
             return DIRECT_INSTRUCTION.format(question=normalize_question(question.text))
         head = DIRECT_INSTRUCTION[:DIRECT_INSTRUCTION.index("Question: {question}")]
-        shot = f"Question: {ex.question}\n{self.base.answer_turn(ex.answer, ex.direct_thought)}"
-        return f"{head}{shot}\n\nQuestion: {normalize_question(question.text)}\n"
+        shots = "\n\n".join(f"Question: {ex.question}\n{self.base.answer_turn(ex.answer, ex.direct_thought)}"
+                              for ex in examples)
+        return f"{head}{shots}\n\nQuestion: {normalize_question(question.text)}\n"
 
 
 class NoRetriever:

@@ -11,7 +11,7 @@ search runs, rendered as the format renders an observation and cut to ``rollout.
 
 from __future__ import annotations
 
-from sleuth.rollout.formats import normalize_question
+from sleuth.rollout.formats import normalize_question, worked_examples
 from sleuth.types import Question
 
 RAG_INSTRUCTION = (
@@ -38,13 +38,13 @@ class RagFormat:
         """:data:`RAG_INSTRUCTION` with the question's passages; with a format that shows a worked example
         (``search_r1_fewshot``), its passage, question and answer go first, as the search prompt shows them."""
         passages, text = self.passages[question.id], normalize_question(question.text)
-        ex = getattr(self.base, "example", None)
-        if ex is None:
+        examples = worked_examples(self.base)
+        if not examples:
             return RAG_INSTRUCTION.format(passages=passages, question=text)
         head = RAG_INSTRUCTION[:RAG_INSTRUCTION.index("{passages}")]
-        shot = (self.base.render_observation([(ex.query, [ex.passage])]) + f"Question: {ex.question}\n"
-                + self.base.answer_turn(ex.answer, ex.answer_thought))
-        return f"{head}{shot}{passages}Question: {text}\n"
+        shots = "".join(self.base.render_observation([(ex.query, [ex.passage])]) + f"Question: {ex.question}\n"
+                        + self.base.answer_turn(ex.answer, ex.answer_thought) for ex in examples)
+        return f"{head}{shots}{passages}Question: {text}\n"
 
 
 def rag_passages(questions: list[Question], retriever, fmt, tokenizer, *, k: int, max_tokens: int) -> dict[str, str]:

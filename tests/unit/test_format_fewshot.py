@@ -102,14 +102,17 @@ def test_the_baselines_show_the_example_in_their_own_form():
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is not beside the checkout")
 def test_no_shipped_question_is_the_examples():
-    """The example's topic is in no train or dev question (else a dev question would be answered in its prompt)."""
+    """The examples' topics are in no train or dev question (else a dev question would be answered in its prompt)."""
     files = sorted((SHARED / "train").glob("*.jsonl")) + sorted((SHARED / "dev").glob("*.jsonl"))
     assert files
     for path in files:
         for line in path.read_text(encoding="utf-8").splitlines():
             if line.strip():
                 row = json.loads(line)
-                assert "timbuktu" not in row["question"].lower() and "Mali" not in row["golden_answers"], path
+                question = row["question"].lower()
+                assert "timbuktu" not in question and "Mali" not in row["golden_answers"], path
+                assert "pearl earring" not in question and "vermeer" not in question, path  # search_r1_fewshot3's
+                assert "penicillin" not in question, path
 
 
 def test_the_verbatim_variant_searches_for_its_question_as_written():
@@ -134,3 +137,36 @@ def test_the_verbatim_variant_searches_for_its_question_as_written():
     passages = fewshot.render_observation([("q", [Passage(id="1", title="Toy Story", text="Randy Newman sang it.")])])
     assert RagFormat(verbatim, {"q1": passages}).user_content(Q) == RagFormat(fewshot, {"q1": passages}).user_content(Q)
     assert apply_overrides(Config(), ["rollout.format=search_r1_fewshot_verbatim"]).rollout.format == verbatim.name
+
+
+def test_the_three_shot_variant_shows_three_valid_examples_then_the_question():
+    """``search_r1_fewshot3``: the one-shot prompt's example, then two more in its form (a person, a year), each
+    a valid sequence that earns the full reward for its own gold and whose observation is the rollout's; the
+    baselines show all three in their own form, in order; a one-example format's prompts are unchanged."""
+    from sleuth.eval.evaluate import NoSearchFormat
+    from sleuth.eval.rag import RagFormat
+    from sleuth.rollout.formats import worked_examples
+
+    three, one = get_format("search_r1_fewshot3"), get_format("search_r1_fewshot")
+    assert [ex.answer for ex in worked_examples(three)] == ["Mali", "Johannes Vermeer", "1928"]
+    assert worked_examples(one) == (one.example,) and worked_examples(get_format("search_r1")) == ()
+    prompt = three.user_content(Q)
+    assert prompt.startswith(one.user_content(Q).rpartition("\n\nQuestion: ")[0] + "\n\nQuestion: who painted girl")
+    assert prompt.endswith("<answer> 1928 </answer>\n\nQuestion: who sang the song you got a friend in me?\n")
+    shots = prompt[len(HEAD):].rpartition("\n\nQuestion: ")[0].split("\n\n<think> The passage says")
+    assert len(shots) == 4  # three examples: each ends with an answer thought after its observation
+    plain = get_format("search_r1")
+    for ex in worked_examples(three):
+        turns = (plain.search_turn(ex.query, ex.search_thought) + plain.render_observation([(ex.query, [ex.passage])])
+                 + plain.answer_turn(ex.answer, ex.answer_thought))
+        assert f"Question: {ex.question}\n{turns}" in prompt
+        assert is_valid_format(turns) and three.extract_answer(turns) == ex.answer
+        assert build_reward(RewardConfig(kind="search_r1_v03", format_score=0.2))(turns, [ex.answer]) == 1.0
+    direct = NoSearchFormat(three).user_content(Q)
+    assert direct.startswith(NoSearchFormat(one).user_content(Q).rpartition("\n\nQuestion: ")[0])
+    assert direct.index("Johannes Vermeer") < direct.index("1928") < direct.index("you got a friend")
+    passages = plain.render_observation([("q", [Passage(id="1", title="Toy Story", text="Randy Newman sang it.")])])
+    rag = RagFormat(three, {"q1": passages}).user_content(Q)
+    assert rag.startswith(RagFormat(one, {"q1": passages}).user_content(Q).partition('<information>Doc 1(Title: "Toy')[0])
+    assert rag.endswith("<answer> 1928 </answer>" + passages + "Question: who sang the song you got a friend in me?\n")
+    assert apply_overrides(Config(), ["rollout.format=search_r1_fewshot3"]).rollout.format == three.name

@@ -16,6 +16,7 @@ from sleuth.rollout.formats.base import (
     register,
     register_prompt_variant,
     remove_blocks,
+    worked_examples,
 )
 from sleuth.rollout.formats.r1_searcher import R1SearcherFormat
 from sleuth.rollout.formats.search_r1 import (
@@ -35,5 +36,5 @@ __all__ = [
     "SEARCH_R1_INSTRUCTION", "SEARCH_R1_INVALID", "SearchR1Format", "TINY_INSTRUCTION", "TinySearchR1Format",
     "ToolCallFormat", "WorkedExample", "first_complete_tag", "format_names", "get_format", "last_tag_content",
     "no_action_reason", "normalize_question", "register", "register_prompt_variant", "remove_blocks",
-    "render_passages_search_r1",
+    "render_passages_search_r1", "worked_examples",
 ]

@@ -27,6 +27,8 @@ test doubles need not define them):
     fmt.example            -> WorkedExample | None  a demonstration the prompt puts before the question
                                     (``search_r1_fewshot``); the no-search and RAG baselines show it
                                     in their own form (eval's ``NoSearchFormat``, ``RagFormat``)
+    fmt.examples           -> tuple[WorkedExample, ...]  several, in order (``search_r1_fewshot3``); read
+                                    both through :func:`worked_examples`
 
 Parsing rules shared by every format (each departs from its paper's code only where noted):
 
@@ -71,6 +73,16 @@ class WorkedExample:
     answer_thought: str
     direct_thought: str
     answer: str
+
+
+def worked_examples(fmt) -> tuple[WorkedExample, ...]:
+    """The demonstrations ``fmt``'s prompt shows before the question, in order: ``fmt.examples``, else
+    ``fmt.example`` alone, else none."""
+    many = getattr(fmt, "examples", None)
+    if many:
+        return tuple(many)
+    one = getattr(fmt, "example", None)
+    return (one,) if one is not None else ()
 
 
 @runtime_checkable

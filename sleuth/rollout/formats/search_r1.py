@@ -15,6 +15,7 @@ from sleuth.rollout.formats.base import (
     register,
     register_prompt_variant,
     remove_blocks,
+    worked_examples,
 )
 from sleuth.types import Action, ActionKind, Passage, Question
 
@@ -155,10 +156,11 @@ class FewShotSearchR1Format(SearchR1Format):
 
     def user_content(self, question: Question) -> str:
         head, _, _ = SEARCH_R1_INSTRUCTION.partition("Question: {question}")
-        ex = self.example
-        shot = (f"Question: {ex.question}\n" + self.search_turn(ex.query, ex.search_thought)
-                + self.render_observation([(ex.query, [ex.passage])]) + self.answer_turn(ex.answer, ex.answer_thought))
-        return f"{head}{shot}\n\nQuestion: {normalize_question(question.text)}\n"
+        shots = "\n\n".join(
+            f"Question: {ex.question}\n" + self.search_turn(ex.query, ex.search_thought)
+            + self.render_observation([(ex.query, [ex.passage])]) + self.answer_turn(ex.answer, ex.answer_thought)
+            for ex in worked_examples(self))
+        return f"{head}{shots}\n\nQuestion: {normalize_question(question.text)}\n"
 
 
 # The same example, its search the question as written: a base model copies the example's form (Gemma-3-270M under
@@ -177,3 +179,41 @@ class VerbatimFewShotSearchR1Format(FewShotSearchR1Format):
     name = "search_r1_fewshot_verbatim"
     example = VERBATIM_EXAMPLE
 
+
+# Two more examples in the first one's form, with short answers of other kinds (a person, a year): on the selection
+# set the base Gemma-3-270M, shown one example, put a sentence in its <answer> (docs/results.md, attempt 5). Their
+# passages are ours; no question of the shipped train or dev files is about their topics.
+MORE_EXAMPLES = (
+    WorkedExample(
+        question="who painted girl with a pearl earring?",
+        search_thought="I need to find who painted Girl with a Pearl Earring.",
+        query="girl with a pearl earring painter",
+        passage=Passage(id="example-2", title="Girl with a Pearl Earring",
+                        text="Girl with a Pearl Earring is an oil painting by the Dutch painter Johannes Vermeer, "
+                             "dated around 1665."),
+        answer_thought="The passage says that it was painted by Johannes Vermeer.",
+        direct_thought="It was painted by Johannes Vermeer.",
+        answer="Johannes Vermeer",
+    ),
+    WorkedExample(
+        question="in what year was penicillin discovered?",
+        search_thought="I need to find when penicillin was discovered.",
+        query="penicillin discovered year",
+        passage=Passage(id="example-3", title="Penicillin",
+                        text="Penicillin was discovered in 1928 by the Scottish scientist Alexander Fleming at St "
+                             "Mary's Hospital in London."),
+        answer_thought="The passage says that penicillin was discovered in 1928.",
+        direct_thought="Penicillin was discovered in 1928.",
+        answer="1928",
+    ),
+)
+
+
+@register_prompt_variant
+class ThreeShotSearchR1Format(FewShotSearchR1Format):
+    """``search_r1_fewshot`` with three worked examples (``rollout.format: search_r1_fewshot3``): its own, then
+    :data:`MORE_EXAMPLES`, each a whole valid sequence ending in a short answer; the baselines show all three in
+    their own form."""
+
+    name = "search_r1_fewshot3"
+    examples = (FEWSHOT_EXAMPLE, *MORE_EXAMPLES)
