@@ -80,26 +80,15 @@ def test_the_activation_formula_is_exact_for_a_llama_block(dtype, dims):
                                          num_key_value_heads=kv_heads)).train()
 
     def saved(T):
-        seen = {}
-
-        def pack(t):
-            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-            return t
-
-        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), compute_autocast(dtype, "cpu"):
-            model.model(input_ids=torch.randint(0, 512, (2, T)))
-        return sum(v for k, v in seen.items() if k not in params)
+        return _saved_by(model, dtype, lambda: model.model(input_ids=torch.randint(0, 512, (2, T))))
 
     slope = (saved(192) - saved(96)) / (2 * 96)
     shape = ModelShape.from_config(model.config)
     assert slope == pytest.approx(activation_bytes_per_token(shape, dtype, checkpointing=False), rel=1e-6)
 
 
-def _saved_bytes(model, dtype, ids_BT, *, packed):
-    """Bytes autograd saves (parameters aside) in sleuth's forward of ``ids_BT`` (no output layer)."""
-    from sleuth.train.forward import token_logprobs
-
+def _saved_by(model, dtype, run):
+    """Bytes autograd saves for backward (parameters aside) while ``run()`` runs under ``dtype`` autocast."""
     seen = {}
 
     def pack(t):
@@ -108,8 +97,16 @@ def _saved_bytes(model, dtype, ids_BT, *, packed):
 
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), compute_autocast(dtype, "cpu"):
-        token_logprobs(model, ids_BT, torch.ones_like(ids_BT), packed=packed, needed_BT=torch.zeros_like(ids_BT).bool())
+        run()
     return sum(v for k, v in seen.items() if k not in params)
+
+
+def _saved_bytes(model, dtype, ids_BT, *, packed):
+    """Bytes saved in sleuth's forward of ``ids_BT`` (no output layer: no position needs a logprob)."""
+    from sleuth.train.forward import token_logprobs
+
+    return _saved_by(model, dtype, lambda: token_logprobs(model, ids_BT, torch.ones_like(ids_BT), packed=packed,
+                                                          needed_BT=torch.zeros_like(ids_BT).bool()))
 
 
 def _tiny_gemma3(hidden, inter, heads, kv_heads, head_dim, layer_types):
