@@ -6,10 +6,11 @@
         docs/experiments/gemma3_attempt3_selection.json --what "issue #36 attempt 3's selection" --code 2fbbba6
 
 Writes one JSON file: the commit the run used (``--code``), the hashes of P and C (of P and S for a selection), each
-stage's wall seconds (``times.tsv``), each training stage's per-step figures (from ``metrics.jsonl``), and for every
-evaluation under ``RUN/eval`` (a selection arm's ``eval_S``) its summary, its real searches per question (queries
-other than the instruction's placeholder ``query`` and the few-shot example's ``timbuktu city country``) and per
-question: id, source, em, f1, searches, stop reason, answer and the queries. Refuses to overwrite an existing file.
+stage's wall seconds (``times.tsv``), each training stage's per-step figures (from ``metrics.jsonl``) and logged
+samples (``samples.jsonl``: retrieval hit, queries, answer), and for every evaluation under ``RUN/eval`` (a selection
+arm's ``eval_S``) its summary, its real searches per question (queries other than the instruction's placeholder
+``query`` and the few-shot example's ``timbuktu city country``; more with ``--copy``) and per question: id, source,
+em, f1, searches, stop reason, answer and the queries. Refuses to overwrite an existing file.
 """
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ import json
 import sys
 from pathlib import Path
 
-STEP_KEYS = ("reward/mean", "reward/em", "reward/format", "rollout/searches_mean", "rollout/answered_frac",
-             "groups/reward_variance_share", "sampling/rounds", "perf/step_s")
+STEP_KEYS = ("reward/mean", "reward/em", "reward/f1", "reward/format", "rollout/searches_mean", "rollout/answered_frac",
+             "rollout/stop/max_tokens", "rollout/stop/context_full", "groups/reward_variance_share", "sampling/rounds",
+             "perf/step_s", "mem/update_peak_gib")
 TRAIN_STAGES = ("rl_stage1", "rl", "sft", "sft_rl")
 
 
@@ -40,6 +42,11 @@ def training(run: Path) -> dict:
             steps = [r for r in _jsonl(metrics) if "reward/mean" in r]
             out[name] = {"steps": len(steps),
                          "per_step": [{k: round(r[k], 4) for k in STEP_KEYS if k in r} for r in steps]}
+            if (run / name / "samples.jsonl").is_file():  # the few samples logged a step (retrieval hits, queries)
+                out[name]["logged_samples"] = [
+                    {"step": r["step"], "id": r["question_id"], "retrieval_hit": r["retrieval_hit"], "em": r["em"],
+                     "stop": r["stop_reason"], "queries": r["queries"], "answer": r["answer"]}
+                    for r in _jsonl(run / name / "samples.jsonl")]
     return out
 
 
