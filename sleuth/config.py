@@ -217,6 +217,9 @@ class RewardConfig:
     answer_metric: Literal["em", "f1"] = "em"
     """How ``search_r1_v03`` judges the answer: em (Search-R1's) or f1, the answer's token F1 paying its share of
     the way from the wrong-answer branch to the exact-match one (a sentence holding the gold answer earns part)."""
+    format_requires_search: Bool = False
+    """``search_r1_v03`` pays its shaped terms (format_score, retrieval_score, final_format_score) only to a
+    response that made a search answered by passages; one without earns its answer only (exact match, else 0)."""
     read_corrective: Bool = True
     """Whether the reward reads the invalid-action messages the environment injects, as Search-R1 does. Their
     text holds ``<answer> and </answer>``, so a response of invalid actions "answers" ``and``: a wrong answer in

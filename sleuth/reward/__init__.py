@@ -60,6 +60,7 @@ def build_reward(cfg: "RewardConfig") -> RewardFn:
             final_format_score=cfg.final_format_score,
             retrieval_score=cfg.retrieval_score,
             answer_metric=cfg.answer_metric,
+            requires_search=cfg.format_requires_search,
         ),
         "search_r1_stage1": search_r1.stage1_reward,
         "r1_searcher_stage1": r1_searcher.stage1_reward,

@@ -22,6 +22,10 @@
   in proportion, ``a * score + (1 - a) * wrong``, so a sentence that holds the gold answer earns a part of the
   step to ``score`` and a shorter one more (R1-Searcher's stage 2 pays F1 for the same reason). An exact match
   counts 1, so with answers that are right or share no word with a gold one the two metrics pay alike.
+  ``requires_search=True`` (not Search-R1's; ``reward.format_requires_search``) withholds the shaped terms
+  (lambda_f, lambda_r, final_format_score) from a response that made no search answered by its ``<information>``
+  block: it earns its answer only (an exact match as above, anything else 0), so a closed-book guess in good form
+  no longer earns what a search does.
 * :func:`stage1_reward` is not Search-R1's: R1-Searcher's stage-1 reward
   (:func:`sleuth.reward.r1_searcher.stage1_reward`) read in Search-R1's tags, for a first stage that pays a base
   model for calling the search engine in the format Search-R1's prompt teaches (``reward.kind:
@@ -71,23 +75,35 @@ def format_reward(
     retrieval_score: float = 0.0,
     score: float = 1.0,
     answer_metric: str = "em",
+    requires_search: bool = False,
 ) -> float:
     """Search-R1 v0.3 ``qa_em_format.compute_score_em`` (see the module table); ``answer_metric="f1"`` pays
-    an answer its token F1's share of the way from the wrong branch to the exact-match one."""
+    an answer its token F1's share of the way from the wrong branch to the exact-match one; ``requires_search``
+    pays the shaped terms only to a response with a search answered (:func:`searched`)."""
     golds = as_answer_list(golden_answers)
     valid = is_valid_format(response)
     hit = valid and retrieval_hit(response, golds)
     shaped = structure_format_score + (retrieval_score if hit else 0.0)
+    final = final_format_score
+    if requires_search and not searched(response):
+        shaped = final = 0.0
     answer = extract_answer(response)
     if answer is None:
         return shaped if valid else 0.0
-    right, wrong = (score, shaped) if valid else (score - structure_format_score, final_format_score)
+    right, wrong = (score, shaped) if valid else (score - structure_format_score, final)
     if answer_metric not in ANSWER_METRICS:
         raise ValueError(f"answer_metric must be one of {list(ANSWER_METRICS)}, got {answer_metric!r}")
     if answer_metric == "em":
         return right if exact_match(answer, golds) else wrong
     a = 1.0 if exact_match(answer, golds) else token_f1(answer, golds)
     return a * right + (1.0 - a) * wrong
+
+
+def searched(response: str) -> bool:
+    """Whether the response made at least one search and every search got its ``<information>`` block back (the
+    environment ran it): what ``requires_search`` and :func:`stage1_reward`'s search term ask for."""
+    searches = len(search_calls(response))
+    return searches >= 1 and searches == len(information_blocks(response))
 
 
 def stage1_reward(response: str, golden_answers: Golds, *, answer_term: bool = True) -> float:
@@ -102,8 +118,7 @@ def stage1_reward(response: str, golden_answers: Golds, *, answer_term: bool = T
     if answer_term:
         answer = extract_answer(response)
         reward = 1.0 if answer is not None and cover_em(answer, golden_answers) else -1.0
-    searches = len(search_calls(response))
-    if searches >= 1 and searches == len(information_blocks(response)):
+    if searched(response):
         reward += 0.5
     if is_valid_format(response):
         reward += 0.5

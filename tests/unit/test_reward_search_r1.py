@@ -164,3 +164,37 @@ def test_format_reward_f1_counts_an_exact_match_whole():
     assert format_reward("<think>t</think><answer>a</answer>", ["The"], answer_metric="f1", **LAMBDAS) == 1.0
     with pytest.raises(ValueError, match=r"answer_metric must be one of \['em', 'f1'\], got 'bleu'"):
         format_reward("<think>t</think><answer>a</answer>", ["The"], answer_metric="bleu")
+
+
+@pytest.mark.parametrize(
+    "response, expected",
+    [
+        # a search answered by passages: the v0.3 branches unchanged (valid + hit 0.3, invalid + wrong 0.1, exact 1)
+        (SEARCH + "<think>u</think><answer>Rome</answer>", 0.3),
+        (SEARCH + "<answer>Rome</answer>", 0.1),
+        (SEARCH + "<think>u</think><answer>Paris</answer>", 1.0),
+        # no search: a wrong answer earns nothing, valid (0.2 without the option) or not (0.1 without it)
+        ("<think>t</think><answer>Rome</answer>", 0.0),
+        ("<answer>Rome</answer>", 0.0),
+        # no search, exact match: the answer is paid as v0.3 pays it (valid 1, invalid 1 - 0.2)
+        ("<think>t</think><answer>Paris</answer>", 1.0),
+        ("<answer>Paris</answer>", 0.8),
+        # a search whose <information> never came back (invalid, 0.1 without the option) is no search answered
+        ("<think>t</think><search>q</search><think>u</think><answer>Rome</answer>", 0.0),
+    ],
+)
+def test_format_reward_requires_search_by_hand(response, expected):
+    assert format_reward(response, ["Paris"], requires_search=True, **LAMBDAS) == pytest.approx(expected)
+    cfg = RewardConfig(kind="search_r1_v03", format_score=0.2, retrieval_score=0.1, final_format_score=0.1,
+                       format_requires_search=True)
+    assert build_reward(cfg)(response, ["Paris"]) == pytest.approx(expected)
+
+
+def test_format_reward_requires_search_with_f1_answers():
+    # no search, "Paris, France" (F1 2/3), valid: 2/3 * 1 + 1/3 * 0 (the wrong branch pays nothing) = 2/3
+    response = "<think>t</think><answer>Paris, France</answer>"
+    assert format_reward(response, ["Paris"], requires_search=True, answer_metric="f1", **LAMBDAS) == \
+        pytest.approx(2 / 3)
+    # with a search and a hit: as without the option, 2/3 * 1 + 1/3 * 0.3
+    assert format_reward(SEARCH + "<think>u</think><answer>Paris, France</answer>", ["Paris"], requires_search=True,
+                         answer_metric="f1", **LAMBDAS) == pytest.approx(2 / 3 + 0.1)
