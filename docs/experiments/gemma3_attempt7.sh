@@ -23,16 +23,8 @@ bad=$(grep -v -e '^sleuth/reward/' -e '^sleuth/config\.py$' <<<"$changed" || tru
 [ -z "$bad" ] || { echo "between $BASE_CODE and $REG more than the reward changed ($bad): attempt 6's base rows do not carry over" >&2; exit 2; }
 git diff "$BASE_CODE" "$REG" -- sleuth/config.py | grep '^[+-][^+-]' | grep -qv -e format_requires_search -e '^[+-] *"""' \
   -e 'response that made a search answered' && { echo "sleuth/config.py changed beyond RewardConfig.format_requires_search" >&2; exit 2; }
-RUNDIR=$ROOT
-if ! git diff --quiet "$REG" -- sleuth configs examples ':!examples/recipe_summary.py'; then
-  RUNDIR=$(cd .. && pwd)/sleuth_$REG
-  [ -d "$RUNDIR" ] || git worktree add --detach "$RUNDIR" "$REG"
-  [ "$(git -C "$RUNDIR" rev-parse --short=7 HEAD)" = "$REG" ] && git -C "$RUNDIR" diff --quiet \
-    || { echo "$RUNDIR is not a clean worktree at $REG" >&2; exit 2; }
-  [ -e "$RUNDIR/runs" ] || ln -s "$ROOT/runs" "$RUNDIR/runs"
-  export PYTHONPATH=$RUNDIR
-  echo "running at $REG from $RUNDIR"
-fi
+. docs/experiments/at_code.sh
+at_code "$REG"
 mkdir -p runs/gemma3
 "$PY" bench/rl_gain_split.py runs/rl_gain >/dev/null  # writes P, S, C and checks them against the recorded hashes
 cd "$RUNDIR"
