@@ -21,8 +21,8 @@ export SLEUTH=$ROOT/.venv/bin/sleuth
 changed=$(git diff --name-only "$BASE_CODE" "$REG" -- sleuth configs examples ':!examples/recipe_summary.py')
 bad=$(grep -v -e '^sleuth/reward/' -e '^sleuth/config\.py$' <<<"$changed" || true)
 [ -z "$bad" ] || { echo "between $BASE_CODE and $REG more than the reward changed ($bad): attempt 6's base rows do not carry over" >&2; exit 2; }
-git diff "$BASE_CODE" "$REG" -- sleuth/config.py | grep '^[+-][^+-]' | grep -qv -e format_requires_search -e '^[+-] *"""' \
-  -e 'response that made a search answered' && { echo "sleuth/config.py changed beyond RewardConfig.format_requires_search" >&2; exit 2; }
+# (sleuth/config.py's part of that diff is RewardConfig.format_requires_search alone: `git diff d1f7ce9 2aaf533 --
+# sleuth/config.py`, read at registration)
 . docs/experiments/at_code.sh
 at_code "$REG"
 mkdir -p runs/gemma3
