@@ -170,3 +170,34 @@ def test_the_three_shot_variant_shows_three_valid_examples_then_the_question():
     assert rag.startswith(RagFormat(one, {"q1": passages}).user_content(Q).partition('<information>Doc 1(Title: "Toy')[0])
     assert rag.endswith("<answer> 1928 </answer>" + passages + "Question: who sang the song you got a friend in me?\n")
     assert apply_overrides(Config(), ["rollout.format=search_r1_fewshot3"]).rollout.format == three.name
+
+
+def test_the_restating_variant_restates_each_question_after_its_passage_and_keeps_the_baselines():
+    """``search_r1_fewshot3_restate``: ``search_r1_fewshot3``'s prompt but for each example's thought after its
+    observation, which restates the example's question before reading the passage; each example still a valid
+    sequence earning the full reward; the no-search and RAG baselines' prompts are ``search_r1_fewshot3``'s."""
+    from sleuth.eval.evaluate import NoSearchFormat
+    from sleuth.eval.rag import RagFormat
+    from sleuth.rollout.formats import worked_examples
+
+    restate, three = get_format("search_r1_fewshot3_restate"), get_format("search_r1_fewshot3")
+    assert worked_examples(restate) == worked_examples(three)
+    prompt, before = restate.user_content(Q), three.user_content(Q)
+    assert prompt != before
+    assert prompt.count("<think> The question is: ") == 3
+    assert prompt.replace("<think> The question is: who painted girl with a pearl earring? ", "<think> ") \
+        .replace("<think> The question is: in which country is the city of timbuktu? ", "<think> ") \
+        .replace("<think> The question is: in what year was penicillin discovered? ", "<think> ") == before
+    plain = get_format("search_r1")
+    for ex in worked_examples(restate):
+        read = f"The question is: {ex.question} {ex.answer_thought}"
+        turns = (plain.search_turn(ex.query, ex.search_thought) + plain.render_observation([(ex.query, [ex.passage])])
+                 + plain.answer_turn(ex.answer, read))
+        assert f"Question: {ex.question}\n{turns}" in prompt
+        assert is_valid_format(turns) and restate.extract_answer(turns) == ex.answer
+        assert build_reward(RewardConfig(kind="search_r1_v03", format_score=0.2))(turns, [ex.answer]) == 1.0
+    assert prompt.endswith("<answer> 1928 </answer>\n\nQuestion: who sang the song you got a friend in me?\n")
+    assert NoSearchFormat(restate).user_content(Q) == NoSearchFormat(three).user_content(Q)
+    passages = plain.render_observation([("q", [Passage(id="1", title="Toy Story", text="Randy Newman sang it.")])])
+    assert RagFormat(restate, {"q1": passages}).user_content(Q) == RagFormat(three, {"q1": passages}).user_content(Q)
+    assert apply_overrides(Config(), ["rollout.format=search_r1_fewshot3_restate"]).rollout.format == restate.name

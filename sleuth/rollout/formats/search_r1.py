@@ -158,9 +158,13 @@ class FewShotSearchR1Format(SearchR1Format):
         head, _, _ = SEARCH_R1_INSTRUCTION.partition("Question: {question}")
         shots = "\n\n".join(
             f"Question: {ex.question}\n" + self.search_turn(ex.query, ex.search_thought)
-            + self.render_observation([(ex.query, [ex.passage])]) + self.answer_turn(ex.answer, ex.answer_thought)
+            + self.render_observation([(ex.query, [ex.passage])]) + self.answer_turn(ex.answer, self.read_thought(ex))
             for ex in worked_examples(self))
         return f"{head}{shots}\n\nQuestion: {normalize_question(question.text)}\n"
+
+    def read_thought(self, ex: WorkedExample) -> str:
+        """The thought an example writes after its ``<information>`` block, before its answer."""
+        return ex.answer_thought
 
 
 # The same example, its search the question as written: a base model copies the example's form (Gemma-3-270M under
@@ -217,3 +221,18 @@ class ThreeShotSearchR1Format(FewShotSearchR1Format):
 
     name = "search_r1_fewshot3"
     examples = (FEWSHOT_EXAMPLE, *MORE_EXAMPLES)
+
+
+@register_prompt_variant
+class RestatingThreeShotSearchR1Format(ThreeShotSearchR1Format):
+    """``search_r1_fewshot3`` whose examples, after their ``<information>`` block, restate their question before
+    reading the passage (``<think> The question is: who painted girl with a pearl earring? The passage says that
+    ...``; ``rollout.format: search_r1_fewshot3_restate``). In ``search_r1_fewshot3`` the base Gemma-3-270M, its
+    question some 300 tokens of passages back, wrote about the last passage whatever it was (docs/results.md,
+    attempt 8); its RAG prompt, where the question comes right after the passages, is what it answered from. The
+    baselines' prompts are ``search_r1_fewshot3``'s."""
+
+    name = "search_r1_fewshot3_restate"
+
+    def read_thought(self, ex: WorkedExample) -> str:
+        return f"The question is: {ex.question} {ex.answer_thought}"
