@@ -16,6 +16,7 @@ turns a :class:`sleuth.config.RewardConfig` into one.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from functools import partial
 from typing import TYPE_CHECKING
@@ -68,7 +69,23 @@ def build_reward(cfg: "RewardConfig") -> RewardFn:
     }
     if cfg.kind not in kinds:
         raise ConfigError(f"unknown reward.kind {cfg.kind!r}; choose one of {list(REWARD_KINDS)}")
+    unread = ignored_settings(cfg)
+    if unread:
+        warnings.warn(f"reward.kind {cfg.kind} ignores {', '.join(unread)}: they are search_r1_v03's (a staged "
+                      "recipe's first stage reads none of them; otherwise set reward.kind=search_r1_v03 or drop them)")
     return kinds[cfg.kind]
+
+
+# Settings only search_r1_v03 reads, with the value that leaves every other kind as it is.
+V03_ONLY = {"format_score": 0.0, "retrieval_score": 0.0, "final_format_score": 0.0, "answer_metric": "em",
+            "format_requires_search": False}
+
+
+def ignored_settings(cfg: "RewardConfig") -> list[str]:
+    """The ``reward.*`` settings ``cfg`` sets that its kind never reads (``name=value``; none for search_r1_v03)."""
+    if cfg.kind == "search_r1_v03":
+        return []
+    return [f"reward.{k}={getattr(cfg, k)}" for k, off in V03_ONLY.items() if getattr(cfg, k) != off]
 
 
 __all__ = [
@@ -82,6 +99,7 @@ __all__ = [
     "exact_match",
     "extract_answer",
     "f1_reward",
+    "ignored_settings",
     "is_valid_format",
     "normalize_answer",
     "retrieval_hit",

@@ -198,3 +198,26 @@ def test_format_reward_requires_search_with_f1_answers():
     # with a search and a hit: as without the option, 2/3 * 1 + 1/3 * 0.3
     assert format_reward(SEARCH + "<think>u</think><answer>Paris, France</answer>", ["Paris"], requires_search=True,
                          answer_metric="f1", **LAMBDAS) == pytest.approx(2 / 3 + 0.1)
+
+
+def test_settings_a_kind_never_reads_are_named_in_a_warning():
+    """search_r1_v03's coefficients and options set for another kind (a staged recipe's first stage, or a typo'd
+    kind) are named in one warning, not silently dropped; their defaults, and search_r1_v03 itself, warn nothing."""
+    import warnings
+
+    from sleuth.reward import V03_ONLY, ignored_settings
+
+    defaults = RewardConfig()
+    assert {k: getattr(defaults, k) for k in V03_ONLY} == V03_ONLY  # the defaults are what leaves a kind as it is
+    cfg = RewardConfig(kind="search_r1_stage1", format_score=0.2, format_requires_search=True)
+    assert ignored_settings(cfg) == ["reward.format_score=0.2", "reward.format_requires_search=True"]
+    with pytest.warns(UserWarning, match=r"search_r1_stage1 ignores reward.format_score=0.2, "
+                                         r"reward.format_requires_search=True"):
+        fn = build_reward(cfg)
+    assert fn("<answer> Paris </answer>", ["Paris"]) == stage1_reward("<answer> Paris </answer>", ["Paris"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        build_reward(RewardConfig(kind="search_r1_v03", format_score=0.2, answer_metric="f1",
+                                  format_requires_search=True))
+        build_reward(RewardConfig(kind="em"))
+    assert ignored_settings(RewardConfig(kind="f1", answer_metric="f1")) == ["reward.answer_metric=f1"]
