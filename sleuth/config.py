@@ -126,13 +126,14 @@ class RetrievalConfig:
 class RolloutConfig:
     format: Literal["search_r1", "r1_searcher", "tool_call", "r1_searcher_base", "search_r1_fewshot",
                     "search_r1_fewshot_verbatim", "search_r1_fewshot3", "search_r1_fewshot3_restate",
-                    "search_r1_tiny"] = "search_r1"
+                    "search_r1_fewshot3_reask", "search_r1_tiny"] = "search_r1"
     """Protocol format; search_r1_tiny is the short prompt of the embedded tiny model, r1_searcher_base
     R1-Searcher's prompt for base models (plain text ending ``Assistant: <think>``), search_r1_fewshot Search-R1's
     instruction with one worked example (a real query, its passage, an answer) before the question,
     search_r1_fewshot_verbatim the same whose example searches for its question as written, search_r1_fewshot3 the
     same with three examples (short answers: a place, a person, a year), search_r1_fewshot3_restate the same whose
-    examples restate their question after the passages, before answering."""
+    examples restate their question after the passages, before answering, search_r1_fewshot3_reask the same whose
+    observations end with the question asked again (inside the information block)."""
     group_size: Annotated[Int, Field(ge=1)] = 5
     """G: samples per question."""
     max_turns: Annotated[Int, Field(ge=0)] = 4

@@ -108,11 +108,17 @@ def is_valid_format(response: str) -> bool:
     return check_format(response)[0]
 
 
+# What a re-asking prompt variant (``rollout.format: search_r1_fewshot3_reask``) writes inside an observation after
+# its passages, followed by the question: not passage text, so no retrieval hit is read from it.
+REASK = "\n\nQuestion: "
+
+
 def answer_in_texts(texts: list[str], golden_answers: Golds) -> bool:
-    """True when some normalised gold answer is a substring of some normalised text."""
+    """True when some normalised gold answer is a substring of some normalised text (a text's re-asked question,
+    from :data:`REASK` on, not read)."""
     golds = [normalize_answer(g) for g in as_answer_list(golden_answers)]
     for text in texts:
-        norm = normalize_answer(text)
+        norm = normalize_answer(text.partition(REASK)[0])
         if any(g in norm for g in golds):
             return True
     return False

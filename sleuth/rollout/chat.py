@@ -87,11 +87,14 @@ class ChatRenderer:
         text = (f"{system}\n\n" if system else "") + user + self.generation_prefix
         return list(self.tokenizer(text)["input_ids"]), text
 
-    def render_observation(self, results: list[tuple[str, list[Passage]]]) -> str:
-        """The format's observation text (raw variant for tool formats without a template)."""
+    def render_observation(self, results: list[tuple[str, list[Passage]]], question: str | None = None) -> str:
+        """The format's observation text (raw variant for tool formats without a template); a format that
+        re-asks (``fmt.reasks``) is given the question."""
         raw = getattr(self.fmt, "render_raw_observation", None)
         if self.tool_messages and not self.uses_template and raw is not None:
             return raw(results)
+        if getattr(self.fmt, "reasks", False):
+            return self.fmt.render_observation(results, question)
         return self.fmt.render_observation(results)
 
     def observation_ids(self, text: str, last_token: int | None = None) -> tuple[list[int], str]:

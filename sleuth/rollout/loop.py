@@ -228,6 +228,7 @@ def _retrieve_round(searching, retriever, k, render, fmt, cfg, stats) -> None:
         error = f"{type(e).__name__}: {e}"
     stats.retrieve_s += time.perf_counter() - t0
     observations: dict[tuple, tuple[list[int], str]] = {}  # rows that searched alike read alike
+    reasks = getattr(fmt, "reasks", False)
     for row in searching:
         traj, queries = row.traj, row.pending  # the queries of the row's last turn (this round's)
         row.pending = []
@@ -237,9 +238,11 @@ def _retrieve_round(searching, retriever, k, render, fmt, cfg, stats) -> None:
             results = [(q, list(by_query[q])) for q in queries]
             traj.passage_ids += [[p.id for p in ps] for _, ps in results]
             traj.num_searches += 1
-            key = (tuple(queries), row.last_eos)
+            asked = traj.question.text if reasks else None  # a re-asking format's observation holds the question
+            key = (tuple(queries), row.last_eos, asked)
             if key not in observations:
-                observations[key] = fit_observation(results, render, cfg.max_obs_tokens, row.last_eos)
+                observations[key] = fit_observation(results, render, cfg.max_obs_tokens, row.last_eos,
+                                                    question=asked)
             ids, text = observations[key]
             traj.turns[-1].search = SearchOutcome([[p.id for p in ps] for _, ps in results],
                                                   [[p.title for p in ps] for _, ps in results], text,

@@ -25,16 +25,19 @@ def cut_passages(results: Results, max_chars: int) -> Results:
 
 
 def fit_observation(
-    results: Results | None, render, max_tokens: int, last_token: int | None = None, text: str | None = None
+    results: Results | None, render, max_tokens: int, last_token: int | None = None, text: str | None = None,
+    question: str | None = None,
 ) -> tuple[list[int], str]:
     """Ids and text of the observation for ``results`` (or of ``text``, e.g. an error), within budget.
 
     ``render`` is a :class:`sleuth.rollout.chat.ChatRenderer`; ``last_token`` is the eos that
-    ended the policy turn, if any (see ``ChatRenderer.observation_ids``).
+    ended the policy turn, if any (see ``ChatRenderer.observation_ids``); ``question`` is the row's, for a
+    format that re-asks it after the passages (kept whole: only passage texts are cut).
     """
 
     def build(res: Results) -> tuple[list[int], str]:
-        return render.observation_ids(render.render_observation(res), last_token)
+        text = render.render_observation(res) if question is None else render.render_observation(res, question)
+        return render.observation_ids(text, last_token)
 
     if results is None:
         ids, out = render.observation_ids(text or "", last_token)

@@ -101,10 +101,12 @@ class _Writer:
     def __init__(self, fmt, render: ChatRenderer, cfg: Config):
         self.fmt, self.render, self.cfg = fmt, render, cfg
 
-    def observation(self, query: str, passages: list[Passage]) -> str | None:
-        """The fitted observation text, or None when its ids are not its text's own tokens (cut
-        mid-way because even empty passages overflow the budget: a transcript could not replay it)."""
-        ids, text = fit_observation([(query, passages)], self.render, self.cfg.rollout.max_obs_tokens)
+    def observation(self, query: str, passages: list[Passage], question: str) -> str | None:
+        """The fitted observation text (``question`` asked again in it where the format re-asks), or None when its
+        ids are not its text's own tokens (cut mid-way because even empty passages overflow the budget: a
+        transcript could not replay it)."""
+        ids, text = fit_observation([(query, passages)], self.render, self.cfg.rollout.max_obs_tokens,
+                                    question=question)
         return text if self.render.encode(text) == ids else None
 
     def finish(self, q: Question, turns: list[tuple[str, bool]], observation: str) -> tuple[Transcript | None, str]:
@@ -157,7 +159,7 @@ def synthesize(questions: list[Question], retriever, fmt, render: ChatRenderer,
     first = _search(retriever, queries, k)
     missed: list[tuple[Question, list, str]] = []  # (question, its turns so far, the first query)
     for q, query, passages in zip(asked, queries, first):
-        obs = writer.observation(query, passages)
+        obs = writer.observation(query, passages, q.text)
         if obs is None:
             counts["dropped: observation cut mid-token"] += 1
             continue
@@ -186,7 +188,7 @@ def synthesize(questions: list[Question], retriever, fmt, render: ChatRenderer,
                 follow.append((q, turns, *bridge))
         second = _search(retriever, [title for _, _, title, _ in follow], k)
         for (q, turns, title, doc), passages in zip(follow, second):
-            obs = writer.observation(title, passages)
+            obs = writer.observation(title, passages, q.text)
             if obs is None:
                 counts["dropped: observation cut mid-token"] += 1
                 continue

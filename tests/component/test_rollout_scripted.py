@@ -300,3 +300,22 @@ def test_max_concurrent_rows_goes_through_the_loop_in_shares(tok, fmt):
         assert runs[cap][0] == runs[None][0] and runs[cap][1] == runs[None][1]
         assert runs[cap][3]["rollout/rounds"] == runs[None][3]["rollout/rounds"] == 2
         assert runs[cap][3]["rollout/queries"] == runs[None][3]["rollout/queries"] == 4
+
+
+def test_a_reasking_format_injects_each_rows_own_question_after_its_passages(tok):
+    """``search_r1_fewshot3_reask``: rows of two questions that searched the same query read the same passages,
+    each followed by its own question; the rendered text is what was injected, token for token; cut to the
+    observation budget, the passages shrink and the question stays whole."""
+    reask = get_format("search_r1_fewshot3_reask")
+    trajs, m, _ = roll(tok, reask, [SEARCH, ANSWER], questions=(Q1, Q2))
+    for t, q in zip(trajs, (Q1, Q2)):
+        obs = reask.render_observation([("capital of France", [PARIS, ROME])], q.text)
+        assert t.retrieved_text == [obs] and obs.endswith(f"\n\nQuestion: {q.text}?</information>\n\n")
+        prompt = tok(reask.user_content(q))["input_ids"]
+        assert t.token_ids == prompt + enc(tok, SEARCH) + enc(tok, obs) + enc(tok, ANSWER)
+    assert m["rollout/retrieval_calls"] == 1
+    budget = len(enc(tok, trajs[0].retrieved_text[0])) - 8
+    short, _, _ = roll(tok, reask, [SEARCH, ANSWER], max_obs_tokens=budget)
+    text = short[0].retrieved_text[0]
+    assert len(enc(tok, text)) <= budget and text.endswith(f"\n\nQuestion: {Q1.text}?</information>\n\n")
+    assert "Paris is the capital of France." not in text  # the passages were cut to fit

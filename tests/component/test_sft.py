@@ -40,10 +40,10 @@ QUESTIONS = [
 ]
 
 
-def _cfg(fmt="search_r1", max_turns=2, obs=64, nudge=""):
+def _cfg(fmt="search_r1", max_turns=2, obs=64, nudge="", context=1200):
     cfg = Config()
     cfg.rollout = RolloutConfig(format=fmt, max_turns=max_turns, max_obs_tokens=obs, max_tokens_per_turn=200,
-                                max_context_tokens=1200, final_nudge=nudge, group_size=1)
+                                max_context_tokens=context, final_nudge=nudge, group_size=1)
     cfg.retrieval = replace(cfg.retrieval, topk=1)
     return cfg
 
@@ -56,15 +56,19 @@ def _synth(tok, cfg, questions=QUESTIONS):
 
 
 @pytest.mark.parametrize("chat,fmt_name,nudge", [(False, "search_r1", ""), (True, "search_r1", "Answer now."),
-                                                 (True, "tool_call", "")])
+                                                 (True, "tool_call", ""), (False, "search_r1_fewshot3_reask", "")])
 def test_a_transcript_tokenises_as_a_rollout_of_its_actions(chat, fmt_name, nudge):
     """The rollout loop, driven by a scripted policy that plays each synthesized transcript's turns
-    against the same retriever, yields the same token ids and the same loss mask as ``encode``."""
+    against the same retriever, yields the same token ids and the same loss mask as ``encode`` (a re-asking
+    format's observations holding the question, as the rollout's do)."""
     tok = tiny_tokenizer(chat_template=chat)
-    cfg = _cfg(fmt_name, nudge=nudge, obs=200)
+    cfg = _cfg(fmt_name, nudge=nudge, obs=200, context=4000 if "fewshot" in fmt_name else 1200)  # 3 examples
     transcripts, counts, fmt, render = _synth(tok, cfg)
     assert counts["kept: one search"] == 1 and counts["kept: two searches"] == 1
     for t in transcripts:
+        observations = [text for text, trained in t.segments[1:] if not trained]
+        reasked = [o.endswith(f"Question: {t.question.text}</information>\n\n") for o in observations]
+        assert reasked == [fmt_name.endswith("reask")] * len(observations)
         turns = [text for text, trained in t.segments if trained]
         trajs, _ = run_rollouts([t.question], ScriptedBackend(tok, turns), tok, fmt, InMemoryRetriever(PASSAGES),
                                 cfg.rollout, k=1, group_size=1)

@@ -201,3 +201,49 @@ def test_the_restating_variant_restates_each_question_after_its_passage_and_keep
     passages = plain.render_observation([("q", [Passage(id="1", title="Toy Story", text="Randy Newman sang it.")])])
     assert RagFormat(restate, {"q1": passages}).user_content(Q) == RagFormat(three, {"q1": passages}).user_content(Q)
     assert apply_overrides(Config(), ["rollout.format=search_r1_fewshot3_restate"]).rollout.format == restate.name
+
+
+def test_the_reasking_variant_asks_the_question_again_after_the_passages():
+    """``search_r1_fewshot3_reask``: every observation, the examples' and the rollout's, ends with the question
+    asked again inside its ``<information>`` block; each example still a valid sequence earning the full reward;
+    no retrieval hit is read from the re-asked question (a gold named in it, as in a comparison question, is no
+    hit); without a question the observation is ``search_r1_fewshot3``'s; the baselines' prompts are its too."""
+    from sleuth.eval.evaluate import NoSearchFormat
+    from sleuth.eval.rag import RagFormat
+    from sleuth.reward import retrieval_hit
+    from sleuth.reward.tags import REASK, answer_in_texts
+    from sleuth.rollout.formats import worked_examples
+
+    reask, three = get_format("search_r1_fewshot3_reask"), get_format("search_r1_fewshot3")
+    assert reask.reasks and not three.reasks and worked_examples(reask) == worked_examples(three)
+    toy = [("q", [Passage(id="1", title="Toy Story", text="Randy Newman sang it.")])]
+    assert reask.render_observation(toy) == three.render_observation(toy)
+    asked = reask.render_observation(toy, "who sang the song you got a friend in me")
+    assert asked == ('\n\n<information>Doc 1(Title: "Toy Story") Randy Newman sang it.'
+                     '\n\nQuestion: who sang the song you got a friend in me?</information>\n\n')
+    assert REASK == "\n\nQuestion: "
+    prompt = reask.user_content(Q)
+    assert prompt.count("?</information>") == 3
+    assert prompt.replace(f"{REASK}in which country is the city of timbuktu?</information>", "</information>") \
+        .replace(f"{REASK}who painted girl with a pearl earring?</information>", "</information>") \
+        .replace(f"{REASK}in what year was penicillin discovered?</information>", "</information>") \
+        == three.user_content(Q)
+    for ex in worked_examples(reask):
+        turns = (reask.search_turn(ex.query, ex.search_thought)
+                 + reask.render_observation([(ex.query, [ex.passage])], ex.question)
+                 + reask.answer_turn(ex.answer, ex.answer_thought))
+        assert f"Question: {ex.question}\n{turns}" in prompt
+        assert is_valid_format(turns) and reask.extract_answer(turns) == ex.answer
+        assert build_reward(RewardConfig(kind="search_r1_v03", format_score=0.2))(turns, [ex.answer]) == 1.0
+    # which is older, A or B: the gold is in the question; a hit only when a passage holds it
+    none = reask.render_observation([("q", [Passage(id="2", title="Zoo", text="Berlin hosts a zoo.")])],
+                                    "which is older, randy newman or carole king")
+    assert not answer_in_texts([none], ["Randy Newman"]) and answer_in_texts([asked], ["Randy Newman"])
+    wrong = "<think> a </think>\n<search> q </search>" + none + "<think> b </think>\n<answer> Carole King </answer>"
+    assert is_valid_format(wrong) and not retrieval_hit(wrong, ["Randy Newman"])
+    cfg = RewardConfig(kind="search_r1_v03", format_score=0.2, retrieval_score=0.1)
+    assert build_reward(cfg)(wrong, ["Randy Newman"]) == pytest.approx(0.2)
+    assert NoSearchFormat(reask).user_content(Q) == NoSearchFormat(three).user_content(Q)
+    passages = three.render_observation(toy)
+    assert RagFormat(reask, {"q1": passages}).user_content(Q) == RagFormat(three, {"q1": passages}).user_content(Q)
+    assert apply_overrides(Config(), ["rollout.format=search_r1_fewshot3_reask"]).rollout.format == reask.name

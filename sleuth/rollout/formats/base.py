@@ -29,6 +29,8 @@ test doubles need not define them):
                                     in their own form (eval's ``NoSearchFormat``, ``RagFormat``)
     fmt.examples           -> tuple[WorkedExample, ...]  several, in order (``search_r1_fewshot3``); read
                                     both through :func:`worked_examples`
+    fmt.reasks             -> bool  True: the observation asks the row's question again after the passages
+                                    (``search_r1_fewshot3_reask``): ``render_observation(results, question)``
 
 Parsing rules shared by every format (each departs from its paper's code only where noted):
 

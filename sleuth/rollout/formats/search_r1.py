@@ -17,6 +17,7 @@ from sleuth.rollout.formats.base import (
     remove_blocks,
     worked_examples,
 )
+from sleuth.reward.tags import REASK
 from sleuth.types import Action, ActionKind, Passage, Question
 
 # ---------------------------------------------------------------------------------------------
@@ -89,9 +90,13 @@ class SearchR1Format:
             return Action(ActionKind.INVALID, error="empty search query")
         return Action(ActionKind.SEARCH, queries=[content])
 
-    def render_observation(self, results: list[tuple[str, list[Passage]]]) -> str:
-        body = "".join(render_passages_search_r1(passages) for _, passages in results)
-        return f"\n\n<information>{body.strip()}</information>\n\n"
+    reasks = False  # True: the observation ends with the question asked again (search_r1_fewshot3_reask)
+
+    def render_observation(self, results: list[tuple[str, list[Passage]]], question: str | None = None) -> str:
+        body = "".join(render_passages_search_r1(passages) for _, passages in results).strip()
+        if self.reasks and question is not None:
+            body += f"{REASK}{normalize_question(question)}"
+        return f"\n\n<information>{body}</information>\n\n"
 
     def render_invalid(self) -> str:
         return SEARCH_R1_INVALID
@@ -158,7 +163,8 @@ class FewShotSearchR1Format(SearchR1Format):
         head, _, _ = SEARCH_R1_INSTRUCTION.partition("Question: {question}")
         shots = "\n\n".join(
             f"Question: {ex.question}\n" + self.search_turn(ex.query, ex.search_thought)
-            + self.render_observation([(ex.query, [ex.passage])]) + self.answer_turn(ex.answer, self.read_thought(ex))
+            + self.render_observation([(ex.query, [ex.passage])], ex.question)
+            + self.answer_turn(ex.answer, self.read_thought(ex))
             for ex in worked_examples(self))
         return f"{head}{shots}\n\nQuestion: {normalize_question(question.text)}\n"
 
@@ -236,3 +242,18 @@ class RestatingThreeShotSearchR1Format(ThreeShotSearchR1Format):
 
     def read_thought(self, ex: WorkedExample) -> str:
         return f"The question is: {ex.question} {ex.answer_thought}"
+
+
+@register_prompt_variant
+class ReaskingThreeShotSearchR1Format(ThreeShotSearchR1Format):
+    """``search_r1_fewshot3`` whose observations end with the question asked again, inside the ``<information>``
+    block after the passages (``...Doc 3(Title: ...) ...\n\nQuestion: who sang ...?</information>``;
+    ``rollout.format: search_r1_fewshot3_reask``), the examples' too: after a search the policy reads the
+    passages with its question right after them, as in the RAG baseline's prompt. The base Gemma-3-270M, its
+    question some 300 tokens of passages back, wrote about the last passage whatever the question, and asked to
+    restate its question (``search_r1_fewshot3_restate``) wrote an example's or an invented one (docs/results.md,
+    attempt 8). The re-asked question is not passage text: no retrieval hit is read from it
+    (``sleuth.reward.tags.REASK``). The baselines' prompts are ``search_r1_fewshot3``'s."""
+
+    name = "search_r1_fewshot3_reask"
+    reasks = True
