@@ -1,11 +1,13 @@
 """The Search-R1 format (arXiv 2503.09516): ``<search>`` / ``<answer>`` tags, passages in
-``<information>`` blocks; its short-prompt variant for the embedded tiny model; and its one-shot variant for
-base models (Search-R1's instruction followed by one worked example)."""
+``<information>`` blocks; its short-prompt variant for the embedded tiny model; and its few-shot variants for
+base models (Search-R1's instruction followed by worked examples: one, three, three that restate their question,
+three whose observations ask the question again)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from sleuth.reward.tags import REASK
 from sleuth.rollout.formats.base import (
     WorkedExample,
     first_complete_tag,
@@ -17,7 +19,6 @@ from sleuth.rollout.formats.base import (
     remove_blocks,
     worked_examples,
 )
-from sleuth.reward.tags import REASK
 from sleuth.types import Action, ActionKind, Passage, Question
 
 # ---------------------------------------------------------------------------------------------
