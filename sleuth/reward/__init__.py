@@ -76,16 +76,17 @@ def build_reward(cfg: "RewardConfig") -> RewardFn:
     return kinds[cfg.kind]
 
 
-# Settings only search_r1_v03 reads, with the value that leaves every other kind as it is.
-V03_ONLY = {"format_score": 0.0, "retrieval_score": 0.0, "final_format_score": 0.0, "answer_metric": "em",
-            "format_requires_search": False}
+# Settings only search_r1_v03 reads (their defaults leave every other kind as it is).
+V03_ONLY = ("format_score", "retrieval_score", "final_format_score", "answer_metric", "format_requires_search")
 
 
 def ignored_settings(cfg: "RewardConfig") -> list[str]:
-    """The ``reward.*`` settings ``cfg`` sets that its kind never reads (``name=value``; none for search_r1_v03)."""
+    """The ``reward.*`` settings ``cfg`` sets away from their defaults that its kind never reads (``name=value``;
+    none for search_r1_v03)."""
     if cfg.kind == "search_r1_v03":
         return []
-    return [f"reward.{k}={getattr(cfg, k)}" for k, off in V03_ONLY.items() if getattr(cfg, k) != off]
+    default = type(cfg)()
+    return [f"reward.{k}={getattr(cfg, k)}" for k in V03_ONLY if getattr(cfg, k) != getattr(default, k)]
 
 
 __all__ = [

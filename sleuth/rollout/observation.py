@@ -36,8 +36,7 @@ def fit_observation(
     """
 
     def build(res: Results) -> tuple[list[int], str]:
-        text = render.render_observation(res) if question is None else render.render_observation(res, question)
-        return render.observation_ids(text, last_token)
+        return render.observation_ids(render.render_observation(res, question), last_token)
 
     if results is None:
         ids, out = render.observation_ids(text or "", last_token)

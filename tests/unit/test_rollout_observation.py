@@ -18,7 +18,7 @@ class _CharRenderer:
 
     tokenizer = _CharTok()
 
-    def render_observation(self, results):
+    def render_observation(self, results, question=None):
         return "<i>" + ";".join(f"{p.title}:{p.text}" for _, ps in results for p in ps) + "</i>"
 
     def observation_ids(self, text, last_token=None):
