@@ -114,13 +114,22 @@ def _detail_lines(summary: EvalSummary) -> list[str]:
     return lines
 
 
+def decoding(setting: dict) -> str:
+    """How the eval decoded, in words: greedy, or sampled (its temperature and samples a question)."""
+    if setting.get("greedy", True):
+        return "greedy decoding"
+    n = setting.get("samples", 1)
+    each = f", mean over {n} samples a question" if n > 1 else ""
+    return f"sampled at temperature {setting.get('temperature')}{each}"
+
+
 def render_report(summary: EvalSummary, setting: dict, published_doc: dict | None,
                   baseline: dict | None = None) -> str:
     """The whole ``report.md``: comparison table, footnotes, the baseline beside this run (when
     given, from :func:`load_baseline`), setting, per-source details, sources."""
     published = (published_doc or {}).get("entries", [])
     table, notes = comparison_table(summary, setting, published)
-    out = [f"# Evaluation: {setting.get('model')}", "", "Exact match (EM, %), greedy decoding.", ""]
+    out = [f"# Evaluation: {setting.get('model')}", "", f"Exact match (EM, %), {decoding(setting)}.", ""]
     out += table + [""]
     if notes:
         out += ["† The published row's setting differs from ours, so it is context, not a like-for-like "

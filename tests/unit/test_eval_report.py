@@ -99,7 +99,11 @@ def test_render_report_and_results_document():
     s = summarize(ROWS)
     s.perf = EvalPerf(seconds=2.0, questions_per_s=1.5, generate_s=1.0, retrieve_s=0.5)
     md = render_report(s, OURS | {"format": "search_r1"}, PUB)
-    assert md.startswith("# Evaluation: tiny")
+    assert md.startswith("# Evaluation: tiny\n\nExact match (EM, %), greedy decoding.")
+    sampled = render_report(s, OURS | {"greedy": False, "samples": 8, "temperature": 0.7}, None)
+    assert "Exact match (EM, %), sampled at temperature 0.7, mean over 8 samples a question." in sampled
+    one = render_report(s, OURS | {"greedy": False, "samples": 1, "temperature": 1.0}, None)
+    assert "Exact match (EM, %), sampled at temperature 1.0." in one and "greedy" not in one
     assert "| n per source | hotpotqa 1, nq 2 (total 3) |" in md
     assert "| judge | judge failures |" in md
     assert "**paper**: A paper" in md
