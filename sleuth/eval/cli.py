@@ -201,7 +201,9 @@ def _eval(args) -> int:
           file=sys.stderr)  # fmt: skip
     judge = LLMJudge(args.judge_url, args.judge_model) if args.judge_url else None
     perf = EvalPerf()  # nothing left to run: zeros
+    prompts = recorded_prompts(out)  # how the prompts were written: said by the tokenizer when one loads
     if todo:
+        from sleuth.rollout.chat import prompt_mode  # lazy: transformers at `sleuth --help`
         retriever = open_retriever(args, retr, cache=not args.no_cache, cache_dir=args.cache_dir, probe=True)
         if args.backend == "vllm":
             model, (tok, backend) = None, vllm_engine(args, rcfg)
@@ -210,6 +212,7 @@ def _eval(args) -> int:
 
             model, tok = load_model(args)
             backend = hf_backend(model.eval(), tok, dataclasses.replace(rcfg, backend=args.backend))
+        prompts = prompt_mode(tok, rcfg.use_chat_template)
 
         def append(rows: list[dict]) -> None:
             """Store the finished rows; a row with a failed search is not finished (a rerun retries it)."""
@@ -235,8 +238,16 @@ def _eval(args) -> int:
     if baseline is not None and baseline["rows"]:
         baseline["paired"] = paired_comparison(rows, baseline["rows"], seed=args.seed)
     figures = sampled_figures(rows, n, sample_temperature(args)) if sampled(args) else None
-    _write_outputs(args, out, summary, setting, baseline, [q.id for q in questions], figures)
+    _write_outputs(args, out, summary, setting, baseline, [q.id for q in questions], figures, prompts)
     return 0
+
+
+def recorded_prompts(out: Path) -> str | None:
+    """How an earlier run into ``out`` wrote its prompts (its ``results.json``), if it says."""
+    try:
+        return json.loads((out / "results.json").read_text(encoding="utf-8")).get("prompts")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def vllm_engine(args, rcfg):
@@ -280,11 +291,13 @@ def budget_warnings(summary, share: float = 0.25) -> list[str]:
 
 
 def _write_outputs(args, out: Path, summary, setting: dict, baseline: dict | None, ids: list[str],
-                   sampled_fig: dict | None = None) -> None:
+                   sampled_fig: dict | None = None, prompts: str | None = None) -> None:
     """``results.json``, ``report.md``, the summary line and (``--json``) the JSON line."""
     published = None if args.no_compare else load_published()
     doc = results_document(summary, setting, published, baseline, question_ids=ids)
-    report = render_report(summary, setting, published, baseline)
+    if prompts is not None:
+        doc["prompts"] = prompts
+    report = render_report(summary, setting, published, baseline, prompts=prompts)
     if sampled_fig is not None:  # the pass@k section after the comparison table
         doc["sampled"] = sampled_fig
         head, sep, rest = report.partition("## Setting")

@@ -86,13 +86,15 @@ def comparison_table(summary: EvalSummary, setting: dict, published: list[dict])
     return lines, notes
 
 
-def _setting_lines(setting: dict, summary: EvalSummary) -> list[str]:
+def _setting_lines(setting: dict, summary: EvalSummary, prompts: str | None = None) -> list[str]:
     keys = ["model", "format", "no_search", "rag", "corpus", "retriever", "topk", "max_turns", "data", "rollout", "seed"]
     lines = ["| setting | value |", "|---|---|"]
     for k in keys:
         if k in setting:
             v = setting[k]
             lines.append(f"| {k} | {json.dumps(v) if isinstance(v, (dict, list)) else v} |")
+    if prompts is not None:  # what rollout.use_chat_template came to with this tokenizer
+        lines.append(f"| prompts | {prompts} |")
     n = ", ".join(f"{src} {s.n}" for src, s in summary.by_source.items())
     lines.append(f"| n per source | {n} (total {summary.n}) |")
     return lines
@@ -124,9 +126,10 @@ def decoding(setting: dict) -> str:
 
 
 def render_report(summary: EvalSummary, setting: dict, published_doc: dict | None,
-                  baseline: dict | None = None) -> str:
+                  baseline: dict | None = None, prompts: str | None = None) -> str:
     """The whole ``report.md``: comparison table, footnotes, the baseline beside this run (when
-    given, from :func:`load_baseline`), setting, per-source details, sources."""
+    given, from :func:`load_baseline`), setting (``prompts``: how they were written, when known), per-source
+    details, sources."""
     published = (published_doc or {}).get("entries", [])
     table, notes = comparison_table(summary, setting, published)
     out = [f"# Evaluation: {setting.get('model')}", "", f"Exact match (EM, %), {decoding(setting)}.", ""]
@@ -136,7 +139,7 @@ def render_report(summary: EvalSummary, setting: dict, published_doc: dict | Non
                 "comparison:", ""] + notes + [""]  # fmt: skip
     if baseline is not None:
         out += baseline_lines(summary, setting, baseline)
-    out += ["## Setting", ""] + _setting_lines(setting, summary) + [""]
+    out += ["## Setting", ""] + _setting_lines(setting, summary, prompts) + [""]
     out += ["## Per source", ""] + _detail_lines(summary) + [""]
     if summary.retrieval_errors:
         failed = summary.retrieval_error_questions

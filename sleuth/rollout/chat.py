@@ -45,13 +45,26 @@ def _say_plain_once(tokenizer) -> None:
               "instruction as their prefix (as Search-R1 prompts base models)", file=sys.stderr, flush=True)
 
 
+def uses_chat_template(tokenizer, use_chat_template: bool = True) -> bool:
+    """Whether prompts go through the tokenizer's chat template: asked for and the tokenizer has one."""
+    return bool(use_chat_template and getattr(tokenizer, "chat_template", None))
+
+
+def prompt_mode(tokenizer, use_chat_template: bool = True) -> str:
+    """How prompts are written, in words (an eval's ``report.md``: ``rollout.use_chat_template`` is what was asked)."""
+    if uses_chat_template(tokenizer, use_chat_template):
+        return "the tokenizer's chat template"
+    why = "the tokenizer has no chat template" if use_chat_template else "rollout.use_chat_template is false"
+    return f"plain text ({why})"
+
+
 class ChatRenderer:
     """Builds prompt ids and injected-text ids for one (tokenizer, format) pair."""
 
     def __init__(self, tokenizer, fmt, use_chat_template: bool = True):
         self.tokenizer = tokenizer
         self.fmt = fmt
-        self.uses_template = bool(use_chat_template and getattr(tokenizer, "chat_template", None))
+        self.uses_template = uses_chat_template(tokenizer, use_chat_template)
         if use_chat_template and not self.uses_template:
             _say_plain_once(tokenizer)
         self.tool_messages = bool(getattr(fmt, "tool_messages", False))

@@ -260,8 +260,16 @@ def test_eval_cli_rag_baseline_beside_the_search_run(tmp_path, monkeypatch, caps
     assert main(base + ["--rag", "--out", str(tmp_path / "rag")]) == 0
     rag = json.loads((tmp_path / "rag" / "results.json").read_text())
     assert rag["setting"]["rag"] is True and rag["setting"]["max_turns"] == 0 and rag["setting"]["topk"] == 2
+    plain = "plain text (the tokenizer has no chat template)"  # the test tokenizer has none
+    assert rag["prompts"] == plain and f"| prompts | {plain} |" in (tmp_path / "rag" / "report.md").read_text()
+    assert '"use_chat_template": true' in (tmp_path / "rag" / "report.md").read_text()  # asked, beside what it became
     rows = [json.loads(x) for x in (tmp_path / "rag" / "trajectories.jsonl").read_text().splitlines()]
     assert len(rows) == 3 and all(r["searches"] == 0 and "<information>" in r["prompt"]["text"] for r in rows)
     assert main(base + ["--baseline", str(tmp_path / "rag"), "--out", str(tmp_path / "search")]) == 0
     report = (tmp_path / "search" / "report.md").read_text()
     assert "## Beside the baseline: search vs RAG" in report and "RAG (bm25, top-2 in the prompt)" in report
+    (tmp_path / "rag" / "report.md").unlink()
+    capsys.readouterr()
+    assert main(base + ["--rag", "--out", str(tmp_path / "rag")]) == 0  # every question done: no model loads
+    assert "3 questions, 3 already done" in capsys.readouterr().err
+    assert f"| prompts | {plain} |" in (tmp_path / "rag" / "report.md").read_text()  # as the first run recorded

@@ -6,7 +6,7 @@ import pytest
 
 from sleuth.config import RolloutConfig
 from sleuth.retrieval.memory import InMemoryRetriever
-from sleuth.rollout.chat import ChatRenderer
+from sleuth.rollout.chat import ChatRenderer, prompt_mode
 from sleuth.rollout.formats import get_format
 from sleuth.rollout.loop import run_rollouts
 from sleuth.types import Action, ActionKind, Passage, Question, StopReason
@@ -128,6 +128,10 @@ def test_raw_prompt_without_template_or_when_disabled(chat_tok):
     ids, text = r.prompt(Q)
     assert text == fmt.user_content(Q) and "<|im_start|>" not in text
     assert ids == chat_tok(text)["input_ids"]
+    # how an eval's report.md says the prompts were written (rollout.use_chat_template is what was asked)
+    assert prompt_mode(chat_tok) == "the tokenizer's chat template"
+    assert prompt_mode(tiny_tokenizer()) == "plain text (the tokenizer has no chat template)"
+    assert prompt_mode(chat_tok, False) == "plain text (rollout.use_chat_template is false)"
 
 
 def test_generation_prefix_and_system_prompt_are_used(chat_tok):
