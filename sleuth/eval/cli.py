@@ -58,12 +58,14 @@ from sleuth.eval.report import (
     is_finished,
     load_published,
     read_finished,
+    recorded_prompt_mode,
     render_report,
     results_document,
     row_key,
 )
 from sleuth.eval.sampled import sampled_figures, sampled_lines
 from sleuth.output import output_dir, print_json_line
+from sleuth.rollout.chat import prompt_mode
 
 
 def register(sub) -> None:
@@ -201,9 +203,8 @@ def _eval(args) -> int:
           file=sys.stderr)  # fmt: skip
     judge = LLMJudge(args.judge_url, args.judge_model) if args.judge_url else None
     perf = EvalPerf()  # nothing left to run: zeros
-    prompts = recorded_prompts(out)  # how the prompts were written: said by the tokenizer when one loads
+    prompts = recorded_prompt_mode(out)  # how the prompts were written: said by the tokenizer when one loads
     if todo:
-        from sleuth.rollout.chat import prompt_mode  # lazy: transformers at `sleuth --help`
         retriever = open_retriever(args, retr, cache=not args.no_cache, cache_dir=args.cache_dir, probe=True)
         if args.backend == "vllm":
             model, (tok, backend) = None, vllm_engine(args, rcfg)
@@ -240,14 +241,6 @@ def _eval(args) -> int:
     figures = sampled_figures(rows, n, sample_temperature(args)) if sampled(args) else None
     _write_outputs(args, out, summary, setting, baseline, [q.id for q in questions], figures, prompts)
     return 0
-
-
-def recorded_prompts(out: Path) -> str | None:
-    """How an earlier run into ``out`` wrote its prompts (its ``results.json``), if it says."""
-    try:
-        return json.loads((out / "results.json").read_text(encoding="utf-8")).get("prompts")
-    except (OSError, ValueError, AttributeError):
-        return None
 
 
 def vllm_engine(args, rcfg):
@@ -294,9 +287,7 @@ def _write_outputs(args, out: Path, summary, setting: dict, baseline: dict | Non
                    sampled_fig: dict | None = None, prompts: str | None = None) -> None:
     """``results.json``, ``report.md``, the summary line and (``--json``) the JSON line."""
     published = None if args.no_compare else load_published()
-    doc = results_document(summary, setting, published, baseline, question_ids=ids)
-    if prompts is not None:
-        doc["prompts"] = prompts
+    doc = results_document(summary, setting, published, baseline, question_ids=ids, prompt_mode=prompts)
     report = render_report(summary, setting, published, baseline, prompts=prompts)
     if sampled_fig is not None:  # the pass@k section after the comparison table
         doc["sampled"] = sampled_fig

@@ -93,8 +93,8 @@ def _setting_lines(setting: dict, summary: EvalSummary, prompts: str | None = No
         if k in setting:
             v = setting[k]
             lines.append(f"| {k} | {json.dumps(v) if isinstance(v, (dict, list)) else v} |")
-    if prompts is not None:  # what rollout.use_chat_template came to with this tokenizer
-        lines.append(f"| prompts | {prompts} |")
+        if k == "rollout" and prompts is not None:  # what rollout.use_chat_template came to with this tokenizer
+            lines.append(f"| prompts | {prompts} |")
     n = ", ".join(f"{src} {s.n}" for src, s in summary.by_source.items())
     lines.append(f"| n per source | {n} (total {summary.n}) |")
     return lines
@@ -122,7 +122,7 @@ def decoding(setting: dict) -> str:
         return "greedy decoding"
     n = setting.get("samples", 1)
     each = f", mean over {n} samples a question" if n > 1 else ""
-    return f"sampled at temperature {setting.get('temperature')}{each}"
+    return f"sampled at temperature {setting.get('temperature'):g}{each}"
 
 
 def render_report(summary: EvalSummary, setting: dict, published_doc: dict | None,
@@ -161,9 +161,11 @@ def render_report(summary: EvalSummary, setting: dict, published_doc: dict | Non
 
 
 def results_document(summary: EvalSummary, setting: dict, published_doc: dict | None,
-                     baseline: dict | None = None, question_ids: list[str] | None = None) -> dict:
+                     baseline: dict | None = None, question_ids: list[str] | None = None,
+                     prompt_mode: str | None = None) -> dict:
     """``results.json``: the setting, the summary, the published rows shown beside ours, the
-    baseline's figures (when given) and the question ids (to check a later ``--baseline`` use)."""
+    baseline's figures (when given), the question ids (to check a later ``--baseline`` use) and how the
+    prompts were written (``prompt_mode``, when known: :func:`sleuth.rollout.chat.prompt_mode`)."""
     published = (published_doc or {}).get("entries", [])
     compared = [{**e, "differences": setting_differences(setting, e["setting"] | {"model": e["model"]})}
                 for e in published]  # fmt: skip
@@ -172,7 +174,18 @@ def results_document(summary: EvalSummary, setting: dict, published_doc: dict | 
         doc["baseline"] = baseline_figures(summary, baseline)
     if question_ids is not None:
         doc["question_ids"] = list(question_ids)
+    if prompt_mode is not None:
+        doc["prompt_mode"] = prompt_mode
     return doc
+
+
+def recorded_prompt_mode(out: Path) -> str | None:
+    """How an earlier eval into ``out`` wrote its prompts (its ``results.json``), if it says."""
+    try:
+        mode = json.loads((out / "results.json").read_text(encoding="utf-8")).get("prompt_mode")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return mode if isinstance(mode, str) else None
 
 
 def check_setting(out: Path, setting: dict) -> None:

@@ -261,7 +261,7 @@ def test_eval_cli_rag_baseline_beside_the_search_run(tmp_path, monkeypatch, caps
     rag = json.loads((tmp_path / "rag" / "results.json").read_text())
     assert rag["setting"]["rag"] is True and rag["setting"]["max_turns"] == 0 and rag["setting"]["topk"] == 2
     plain = "plain text (the tokenizer has no chat template)"  # the test tokenizer has none
-    assert rag["prompts"] == plain and f"| prompts | {plain} |" in (tmp_path / "rag" / "report.md").read_text()
+    assert rag["prompt_mode"] == plain and f"| prompts | {plain} |" in (tmp_path / "rag" / "report.md").read_text()
     assert '"use_chat_template": true' in (tmp_path / "rag" / "report.md").read_text()  # asked, beside what it became
     rows = [json.loads(x) for x in (tmp_path / "rag" / "trajectories.jsonl").read_text().splitlines()]
     assert len(rows) == 3 and all(r["searches"] == 0 and "<information>" in r["prompt"]["text"] for r in rows)

@@ -47,7 +47,9 @@ def test_sampled_eval_writes_every_sample_and_pass_at_k(world, tmp_path, capsys)
         per_q.setdefault(r["id"], []).append(r["em"])
     assert fig["pass@4"] == pytest.approx(sum(max(v) for v in per_q.values()) / 3)
     assert fig["pass@1"] == pytest.approx(sum(r["em"] for r in rows) / 12)
-    assert "## Sampled: 4 samples a question at temperature 1" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "## Sampled: 4 samples a question at temperature 1" in report
+    assert "Exact match (EM, %), sampled at temperature 1, mean over 4 samples a question." in report
     assert main(argv) == 0  # every sample done: nothing runs again
     assert "3 questions, 3 already done" in capsys.readouterr().err
     kept, counts = read_transcripts([str(out / "trajectories.jsonl")], min_reward=1.0)

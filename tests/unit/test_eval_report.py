@@ -9,6 +9,7 @@ from sleuth.eval.report import (
     DATASETS,
     comparison_table,
     load_published,
+    recorded_prompt_mode,
     render_report,
     results_document,
     setting_differences,
@@ -103,7 +104,13 @@ def test_render_report_and_results_document():
     sampled = render_report(s, OURS | {"greedy": False, "samples": 8, "temperature": 0.7}, None)
     assert "Exact match (EM, %), sampled at temperature 0.7, mean over 8 samples a question." in sampled
     one = render_report(s, OURS | {"greedy": False, "samples": 1, "temperature": 1.0}, None)
-    assert "Exact match (EM, %), sampled at temperature 1.0." in one and "greedy" not in one
+    assert "Exact match (EM, %), sampled at temperature 1." in one and "greedy" not in one
+    assert "| prompts |" not in md  # not known: no row
+    with_rollout = OURS | {"rollout": {"use_chat_template": True}}
+    rows = render_report(s, with_rollout, None, prompts="plain text (why)").splitlines()
+    assert rows[rows.index('| rollout | {"use_chat_template": true} |') + 1] == "| prompts | plain text (why) |"
+    assert results_document(s, OURS, None, prompt_mode="p")["prompt_mode"] == "p"
+    assert "prompt_mode" not in results_document(s, OURS, None)
     assert "| n per source | hotpotqa 1, nq 2 (total 3) |" in md
     assert "| judge | judge failures |" in md
     assert "**paper**: A paper" in md
@@ -247,3 +254,12 @@ def test_load_baseline_bad_directories(tmp_path):
     (tmp_path / "results.json").write_text(json.dumps({"setting": {}, "summary": {"n": 1}}))
     with pytest.raises(UserError, match=r"its summary lacks \['em', 'f1', 'by_source', 'macro'\]"):
         load_baseline(tmp_path, [], [])
+
+
+def test_recorded_prompt_mode_reads_an_earlier_results_json(tmp_path):
+    assert recorded_prompt_mode(tmp_path) is None  # no results.json
+    (tmp_path / "results.json").write_text(json.dumps({"prompt_mode": "plain text (x)"}))
+    assert recorded_prompt_mode(tmp_path) == "plain text (x)"
+    for bad in ("{not json", "[1, 2]", json.dumps({"prompt_mode": 3}), json.dumps({})):
+        (tmp_path / "results.json").write_text(bad)
+        assert recorded_prompt_mode(tmp_path) is None, bad
