@@ -128,10 +128,17 @@ def eval_setting(args, rollout_cfg, retr: dict) -> dict:
         "max_turns": 0 if args.no_search or getattr(args, "rag", False) else args.max_turns,
         "data": [str(Path(f).resolve()) for f in args.data], "dtype": args.dtype, "seed": args.seed,
         "greedy": not sampled(args), "rollout": {k: getattr(rollout_cfg, k) for k in keep},
-        **({"samples": args.samples, "temperature": sample_temperature(args)} if sampled(args) else {}),
+        **({"samples": args.samples, "temperature": sample_temperature(args), **truncation(rollout_cfg)}
+           if sampled(args) else {}),
         **({"rag": True} if getattr(args, "rag", False) else {}),  # earlier evals: no key
         **({"backend": args.backend} if getattr(args, "backend", "hf") != "hf" else {}),  # earlier evals: hf
     }  # fmt: skip
+
+
+def truncation(rcfg) -> dict:
+    """A sampled eval's top-p / top-k where they cut the distribution (``--set rollout.top_p`` / ``top_k``); none
+    at their defaults, so the setting of an eval sampled without them is what it always was."""
+    return {**({"top_p": rcfg.top_p} if rcfg.top_p < 1 else {}), **({"top_k": rcfg.top_k} if rcfg.top_k > 0 else {})}
 
 
 def generation_backend(args, rcfg) -> str:

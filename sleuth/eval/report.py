@@ -121,8 +121,9 @@ def decoding(setting: dict) -> str:
     if setting.get("greedy", True):
         return "greedy decoding"
     n = setting.get("samples", 1)
+    cut = "".join(f", {name} {setting[k]:g}" for k, name in (("top_p", "top-p"), ("top_k", "top-k")) if k in setting)
     each = f", mean over {n} samples a question" if n > 1 else ""
-    return f"sampled at temperature {setting.get('temperature'):g}{each}"
+    return f"sampled at temperature {setting.get('temperature'):g}{cut}{each}"
 
 
 def render_report(summary: EvalSummary, setting: dict, published_doc: dict | None,

@@ -50,8 +50,11 @@ def test_sampled_eval_writes_every_sample_and_pass_at_k(world, tmp_path, capsys)
     report = (out / "report.md").read_text()
     assert "## Sampled: 4 samples a question at temperature 1" in report
     assert "Exact match (EM, %), sampled at temperature 1, mean over 4 samples a question." in report
+    assert "top_p" not in json.loads((out / "setting.json").read_text())  # at its default: not in the setting
     assert main(argv) == 0  # every sample done: nothing runs again
     assert "3 questions, 3 already done" in capsys.readouterr().err
+    assert main(argv + ["--set", "rollout.top_p=0.9"]) == 2  # nucleus sampling is another setting: refused here
+    assert "top_p: recorded None, now 0.9" in capsys.readouterr().err
     kept, counts = read_transcripts([str(out / "trajectories.jsonl")], min_reward=1.0)
     assert len(kept) == sum(r["em"] == 1.0 for r in rows)
     assert sum(counts.values()) >= 12 - len(kept)  # the others dropped and counted

@@ -106,6 +106,8 @@ def test_render_report_and_results_document():
     one = render_report(s, OURS | {"greedy": False, "samples": 1, "temperature": 1.0}, None)
     assert "Exact match (EM, %), sampled at temperature 1." in one and "greedy" not in one
     assert "| prompts |" not in md  # not known: no row
+    cut = render_report(s, OURS | {"greedy": False, "samples": 2, "temperature": 1.0, "top_p": 0.9, "top_k": 50}, None)
+    assert "sampled at temperature 1, top-p 0.9, top-k 50, mean over 2 samples a question." in cut
     with_rollout = OURS | {"rollout": {"use_chat_template": True}}
     rows = render_report(s, with_rollout, None, prompts="plain text (why)").splitlines()
     assert rows[rows.index('| rollout | {"use_chat_template": true} |') + 1] == "| prompts | plain text (why) |"
