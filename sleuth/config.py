@@ -223,6 +223,10 @@ class RewardConfig:
     format_requires_search: Bool = False
     """``search_r1_v03`` pays its shaped terms (format_score, retrieval_score, final_format_score) only to a
     response that made a search answered by passages; one without earns its answer only (exact match, else 0)."""
+    answer_requires_search: Bool = False
+    """``search_r1_v03`` pays a right answer (``score``, or its F1 share) only to a response that made a search
+    answered by passages; one without is paid as a wrong answer. With the shaped terms at 0 the reward is then
+    an exact match after a search, else 0: a right closed-book guess earns nothing."""
     read_corrective: Bool = True
     """Whether the reward reads the invalid-action messages the environment injects, as Search-R1 does. Their
     text holds ``<answer> and </answer>``, so a response of invalid actions "answers" ``and``: a wrong answer in

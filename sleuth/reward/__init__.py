@@ -62,6 +62,7 @@ def build_reward(cfg: "RewardConfig") -> RewardFn:
             retrieval_score=cfg.retrieval_score,
             answer_metric=cfg.answer_metric,
             requires_search=cfg.format_requires_search,
+            answer_requires_search=cfg.answer_requires_search,
         ),
         "search_r1_stage1": search_r1.stage1_reward,
         "r1_searcher_stage1": r1_searcher.stage1_reward,
@@ -77,7 +78,8 @@ def build_reward(cfg: "RewardConfig") -> RewardFn:
 
 
 # Settings only search_r1_v03 reads (their defaults leave every other kind as it is).
-V03_ONLY = ("format_score", "retrieval_score", "final_format_score", "answer_metric", "format_requires_search")
+V03_ONLY = ("format_score", "retrieval_score", "final_format_score", "answer_metric", "format_requires_search",
+            "answer_requires_search")
 
 
 def ignored_settings(cfg: "RewardConfig") -> list[str]:

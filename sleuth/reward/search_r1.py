@@ -25,7 +25,9 @@
   ``requires_search=True`` (not Search-R1's; ``reward.format_requires_search``) withholds the shaped terms
   (lambda_f, lambda_r, final_format_score) from a response that made no search answered by its ``<information>``
   block: it earns its answer only (an exact match as above, anything else 0), so a closed-book guess in good form
-  no longer earns what a search does.
+  no longer earns what a search does. ``answer_requires_search=True`` (not Search-R1's;
+  ``reward.answer_requires_search``) pays such a response's right answer as a wrong one: with both options and the
+  shaped terms at 0, the reward is 1 for an exact match after a search answered, else 0.
 * :func:`stage1_reward` is not Search-R1's: R1-Searcher's stage-1 reward
   (:func:`sleuth.reward.r1_searcher.stage1_reward`) read in Search-R1's tags, for a first stage that pays a base
   model for calling the search engine in the format Search-R1's prompt teaches (``reward.kind:
@@ -76,10 +78,12 @@ def format_reward(
     score: float = 1.0,
     answer_metric: str = "em",
     requires_search: bool = False,
+    answer_requires_search: bool = False,
 ) -> float:
     """Search-R1 v0.3 ``qa_em_format.compute_score_em`` (see the module table); ``answer_metric="f1"`` pays
     an answer its token F1's share of the way from the wrong branch to the exact-match one; ``requires_search``
-    pays the shaped terms only to a response with a search answered (:func:`searched`)."""
+    pays the shaped terms only to a response with a search answered (:func:`searched`), ``answer_requires_search``
+    a right answer only to such a response (else it is paid as a wrong one)."""
     golds = as_answer_list(golden_answers)
     valid = is_valid_format(response)
     hit = valid and retrieval_hit(response, golds)
@@ -91,6 +95,8 @@ def format_reward(
     if answer is None:
         return shaped if valid else 0.0
     right, wrong = (score, shaped) if valid else (score - structure_format_score, final)
+    if answer_requires_search and not searched(response):
+        right = wrong
     if answer_metric not in ANSWER_METRICS:
         raise ValueError(f"answer_metric must be one of {list(ANSWER_METRICS)}, got {answer_metric!r}")
     if answer_metric == "em":

@@ -200,6 +200,42 @@ def test_format_reward_requires_search_with_f1_answers():
                          answer_metric="f1", **LAMBDAS) == pytest.approx(2 / 3 + 0.1)
 
 
+@pytest.mark.parametrize(
+    ("response", "both", "answer_only"),
+    [
+        # a search answered (with a hit): as v0.3 pays it, right 1, wrong 0.2 + 0.1
+        (SEARCH + "<think>u</think><answer>Paris</answer>", 1.0, 1.0),
+        (SEARCH + "<think>u</think><answer>Rome</answer>", 0.0 + 0.3, 0.3),
+        # no search, right: paid as a wrong answer; with format_requires_search the wrong branch pays 0, without
+        # it v0.3's wrong branches: valid 0.2, invalid final_format_score 0.1
+        ("<think>t</think><answer>Paris</answer>", 0.0, 0.2),
+        ("<answer>Paris</answer>", 0.0, 0.1),
+        # a search whose <information> never came back is no search answered: its right answer is withheld too
+        ("<think>t</think><search>q</search><think>u</think><answer>Paris</answer>", 0.0, 0.1),
+    ],
+)
+def test_format_reward_answer_requires_search_by_hand(response, both, answer_only):
+    kw = dict(LAMBDAS, answer_requires_search=True)
+    assert format_reward(response, ["Paris"], requires_search=True, **kw) == pytest.approx(both)
+    assert format_reward(response, ["Paris"], **kw) == pytest.approx(answer_only)
+    cfg = RewardConfig(kind="search_r1_v03", format_score=0.2, retrieval_score=0.1, final_format_score=0.1,
+                       format_requires_search=True, answer_requires_search=True)
+    assert build_reward(cfg)(response, ["Paris"]) == pytest.approx(both)
+
+
+def test_exact_match_after_a_search_only():
+    """Both options and no shaped terms: 1 for an exact match after a search answered, 0 for anything else."""
+    fn = build_reward(RewardConfig(kind="search_r1_v03", format_requires_search=True, answer_requires_search=True))
+    assert fn(SEARCH + "<think>u</think><answer>Paris</answer>", ["Paris"]) == 1.0
+    assert fn(SEARCH + "<think>u</think><answer>Rome</answer>", ["Paris"]) == 0.0
+    assert fn("<think>t</think><answer>Paris</answer>", ["Paris"]) == 0.0
+    # F1 answers: without a search the share of the way to "right" leads nowhere (right is paid as wrong, 0)
+    assert format_reward("<think>t</think><answer>Paris, France</answer>", ["Paris"], requires_search=True,
+                         answer_requires_search=True, answer_metric="f1") == 0.0
+    assert format_reward(SEARCH + "<think>u</think><answer>Paris, France</answer>", ["Paris"], requires_search=True,
+                         answer_requires_search=True, answer_metric="f1") == pytest.approx(2 / 3)
+
+
 def test_settings_a_kind_never_reads_are_named_in_a_warning():
     """search_r1_v03's coefficients and options set for another kind (a staged recipe's first stage, or a typo'd
     kind) are named in one warning, not silently dropped; their defaults, and search_r1_v03 itself, warn nothing."""
@@ -207,7 +243,7 @@ def test_settings_a_kind_never_reads_are_named_in_a_warning():
 
     from sleuth.reward import V03_ONLY, ignored_settings
 
-    assert all(hasattr(RewardConfig(), k) for k in V03_ONLY) and len(V03_ONLY) == 5
+    assert all(hasattr(RewardConfig(), k) for k in V03_ONLY) and len(V03_ONLY) == 6
     assert all(ignored_settings(RewardConfig(kind=k)) == [] for k in REWARD_KINDS)  # defaults: nothing to name
     cfg = RewardConfig(kind="search_r1_stage1", format_score=0.2, format_requires_search=True)
     assert ignored_settings(cfg) == ["reward.format_score=0.2", "reward.format_requires_search=True"]
