@@ -14,3 +14,16 @@ at_code() {
   export PYTHONPATH=$RUNDIR
   echo "running at $reg from $RUNDIR"
 }
+
+# `at_code_setup REG` (attempt 11 on): what every registered Gemma-3 run does first, from the checkout's root ($ROOT):
+# checks the environment, runs at_code, writes P, S and C (checked against their recorded hashes), then enters
+# $RUNDIR. Sets PY and exports SLEUTH.
+at_code_setup() {
+  PY=$ROOT/.venv/bin/python
+  [ -x "$PY" ] || { echo "no $PY: make venv first" >&2; exit 2; }
+  export SLEUTH=$ROOT/.venv/bin/sleuth
+  at_code "$1"
+  mkdir -p runs/gemma3
+  "$PY" bench/rl_gain_split.py runs/rl_gain >/dev/null  # writes P, S, C and checks them against the recorded hashes
+  cd "$RUNDIR"
+}

@@ -13,14 +13,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
 REG=162bafd  # the code attempt 11 is registered at: reward.answer_requires_search (docs/results.md)
-PY=$ROOT/.venv/bin/python
-[ -x "$PY" ] || { echo "no $PY: make venv first" >&2; exit 2; }
-export SLEUTH=$ROOT/.venv/bin/sleuth
 . docs/experiments/at_code.sh
-at_code "$REG"
-mkdir -p runs/gemma3
-"$PY" bench/rl_gain_split.py runs/rl_gain >/dev/null  # writes P, S, C and checks them against the recorded hashes
-cd "$RUNDIR"
+at_code_setup "$REG"  # the environment, the code at REG, P/S/C checked; then in $RUNDIR
 GATE=$ROOT/docs/experiments/gemma3_attempt10_gate.json
 "$PY" -c "import json, sys; g = json.load(open('$GATE')); sys.exit(not (g['gate'] == 'go' and g['temperature'] == 0.7))" \
   || { echo "attempt 10's gate ($GATE) does not say go at 0.7: attempt 11 has no precondition" >&2; exit 2; }
