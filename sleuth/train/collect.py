@@ -173,9 +173,9 @@ def _merge_rounds(rounds: list[dict]) -> dict[str, float]:
 def _overlong(trajs, rewards: list[float], mask_BT: torch.Tensor, tc, metrics: dict):
     """``train.overlong``: trajectories cut by a token budget kept, left out of the loss, or penalised."""
     cut = [t.stop_reason in CUT for t in trajs]
+    metrics["rollout/overlong_trajectories"] = float(sum(cut))
     if tc.overlong == "keep":
         return rewards, mask_BT
-    metrics["rollout/overlong_trajectories"] = float(sum(cut))
     if tc.overlong == "mask":
         keep_B1 = torch.tensor([not c for c in cut], device=mask_BT.device)[:, None]
         return rewards, torch.where(keep_B1, mask_BT, torch.zeros_like(mask_BT))

@@ -346,6 +346,8 @@ def test_overlong_trajectories_are_masked_or_penalised(world, tmp_path, mode):
     batch = _trainer(world, tmp_path / mode, sets).collect()
     cut = torch.tensor([t.stop_reason.value in ("max_tokens", "context_full") for t in batch.trajectories])
     assert cut.any() and batch.metrics["rollout/overlong_trajectories"] == float(cut.sum())
+    kept_cut = sum(t.stop_reason.value in ("max_tokens", "context_full") for t in keep.trajectories)
+    assert kept_cut > 0 and keep.metrics["rollout/overlong_trajectories"] == float(kept_cut)
     if mode == "mask":
         assert batch.loss_mask_BT[cut].sum() == 0
         assert torch.equal(batch.loss_mask_BT[~cut], keep.loss_mask_BT[~cut])
