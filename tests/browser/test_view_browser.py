@@ -243,4 +243,6 @@ def test_an_eval_directory_opens_with_its_tables(page, runs, shots):
         first = table.first.locator("td").all_inner_texts()
         name = first[0]
         assert float(first[2]) == pytest.approx(results["by_source"][name]["em"], abs=1e-3)
+        mode = json.loads((runs["eval"] / "results.json").read_text())["prompt_mode"]  # how the prompts were written
+        assert f"prompts: {mode}" in page.locator("#setting-out").inner_text()
         page.screenshot(path=str(shots / "eval.png"))

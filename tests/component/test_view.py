@@ -160,11 +160,13 @@ def test_compare_and_pairs_match_questions_across_directories(tmp_path, run_dir)
         d.mkdir()
         write_jsonl(d / "trajectories.jsonl",
                     [{**sample(None, k, answer=a), "id": f"nq/dev/{k}", "step": None} for k, a in enumerate(answers)])
-        (d / "results.json").write_text(json.dumps({"summary": {"em": 0.5, "by_source": {}}, "question_ids": ["x"]}))
+        (d / "results.json").write_text(json.dumps({"summary": {"em": 0.5, "by_source": {}}, "question_ids": ["x"],
+                                                    "prompt_mode": "plain text"}))
     api = client(base, trained, run_dir)
     info = api.get("/api/info").json()["sources"]
     assert [s["kind"] for s in info] == ["eval", "eval", "run"]
-    assert info[0]["results"] == {"summary": {"em": 0.5, "by_source": {}}}  # the question list left out
+    # the question list left out; the prompt mode kept (the setting tab shows it beside setting.json)
+    assert info[0]["results"] == {"summary": {"em": 0.5, "by_source": {}}, "prompt_mode": "plain text"}
     (base / "results.json").write_text(json.dumps({"summary": {"em": 0.75, "by_source": {"nq": {}}}}))
     assert api.get("/api/info").json()["sources"][0]["results"]["summary"]["em"] == 0.75  # rewritten: read again
     out = api.get("/api/pairs", params={"a": 0, "b": 1}).json()

@@ -375,6 +375,8 @@ function renderSetting() {
     parts.push(h("table", { id: "by-source" }, h("thead", {}, h("tr", {}, h("th", {}, "data source"), cols.map((c) => h("th", {}, c)), h("th", {}, "stop reasons"))),
       h("tbody", {}, Object.entries(sum.by_source || {}).map(([k, r]) => row(k, r)), row("all", sum))));
   }
+  const prompts = src.results && src.results.prompt_mode;  // how the prompts were written (setting.json says what was asked)
+  if (prompts) parts.push(h("p", {}, h("b", {}, "prompts: "), prompts));
   if (src.kind === "run") parts.push(h("p", {}, "Evaluate a checkpoint: ", h("span", { class: "cmd" }, `sleuth eval --model ${src.path} --out EVAL_DIR`)));
   if (src.config) parts.push(h("h4", {}, src.kind === "eval" ? "setting.json" : "config.yaml"), h("pre", {}, src.config));
   box.replaceChildren(...parts);
