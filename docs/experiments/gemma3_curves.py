@@ -1,0 +1,63 @@
+"""A training run's curve on its training questions, a row a step, as the Gemma-3 reports quote it:
+
+    python docs/experiments/gemma3_curves.py runs/gemma3/zero11/rl runs/gemma3/zero14/rl
+
+Each argument is a training stage's directory (or its ``metrics.jsonl``); one markdown table each, with per step: the
+mean reward, the groups with a spread in reward of those drawn, the dynamic-sampling rounds, searches per sample,
+the answered share, the samples cut by the turn's token budget (``max_tokens``) and by the context
+(``context_full``) of those drawn, the cut samples in the trained batch (``rollout/overlong_trajectories``: left out
+of the loss under ``train.overlong=mask``), the policy's entropy, the step's seconds and the update's memory peak.
+Counts are the logged ones; a figure the run did not log is left blank. Steps are the rows that carry a reward
+(the trainer's evaluation rows are left out); the last line sums the step seconds.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+COLUMNS = (  # (header, metric, digits)
+    ("reward", "reward/mean", 3), ("groups with a spread", "groups/reward_variance_count", 0),
+    ("groups drawn", "groups/count", 0), ("rounds", "sampling/rounds", 0),
+    ("searches", "rollout/searches_mean", 2), ("answered", "rollout/answered_frac", 2),
+    ("cut by the turn's budget", "rollout/stop/max_tokens", 0), ("cut by the context", "rollout/stop/context_full", 0),
+    ("drawn", "rollout/trajectories", 0), ("cut in the batch", "rollout/overlong_trajectories", 0),
+    ("entropy", "algo/entropy", 2), ("step s", "perf/step_s", 0), ("update peak GiB", "mem/update_peak_gib", 2),
+)
+
+
+def steps(path: Path) -> list[dict]:
+    """The rows of ``metrics.jsonl`` that are training steps (they carry ``step`` and ``reward/mean``)."""
+    metrics = path / "metrics.jsonl" if path.is_dir() else path
+    if not metrics.is_file():
+        raise SystemExit(f"{path}: no metrics.jsonl (give a training stage's directory, e.g. runs/gemma3/zero11/rl)")
+    rows = [json.loads(line) for line in metrics.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [r for r in rows if "step" in r and "reward/mean" in r]
+
+
+def _cell(value, digits: int) -> str:
+    return "" if not isinstance(value, (int, float)) else f"{value:.{digits}f}"
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| step | " + " | ".join(h for h, _, _ in COLUMNS) + " |",
+             "|---:|" + "---:|" * len(COLUMNS)]
+    for r in rows:
+        lines.append(f"| {r['step']} | " + " | ".join(_cell(r.get(m), d) for _, m, d in COLUMNS) + " |")
+    seconds = sum(r.get("perf/step_s", 0.0) for r in rows)
+    lines.append(f"\n{len(rows)} steps, {seconds / 60:.1f} minutes of steps")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args:
+        print(__doc__, file=sys.stderr)
+        return 2
+    for arg in args:
+        print(f"### {arg}\n\n{table(steps(Path(arg)))}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
