@@ -12,9 +12,11 @@ Counts are the logged ones; a figure the run did not log is left blank. Steps ar
 """
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gemma3_records import steps as stage_steps  # noqa: E402  (how the records read a stage's steps)
 
 COLUMNS = (  # (header, metric, digits)
     ("reward", "reward/mean", 3), ("groups with a spread", "groups/reward_variance_count", 0),
@@ -27,12 +29,11 @@ COLUMNS = (  # (header, metric, digits)
 
 
 def steps(path: Path) -> list[dict]:
-    """The rows of ``metrics.jsonl`` that are training steps (they carry ``step`` and ``reward/mean``)."""
+    """The training steps of a stage's directory (or of its ``metrics.jsonl``)."""
     metrics = path / "metrics.jsonl" if path.is_dir() else path
     if not metrics.is_file():
         raise SystemExit(f"{path}: no metrics.jsonl (give a training stage's directory, e.g. runs/gemma3/zero11/rl)")
-    rows = [json.loads(line) for line in metrics.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return [r for r in rows if "step" in r and "reward/mean" in r]
+    return stage_steps(metrics)
 
 
 def _cell(value, digits: int) -> str:

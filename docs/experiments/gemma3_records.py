@@ -30,6 +30,12 @@ def _jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
+def steps(metrics: Path) -> list[dict]:
+    """The rows of a training stage's ``metrics.jsonl`` that are steps (they carry ``reward/mean``; the trainer's
+    evaluation rows do not)."""
+    return [r for r in _jsonl(metrics) if "reward/mean" in r]
+
+
 def _sha256(path: Path) -> str | None:
     return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
 
@@ -39,9 +45,9 @@ def training(run: Path) -> dict:
     for name in TRAIN_STAGES:
         metrics = run / name / "metrics.jsonl"
         if metrics.is_file():
-            steps = [r for r in _jsonl(metrics) if "reward/mean" in r]
-            out[name] = {"steps": len(steps),
-                         "per_step": [{k: round(r[k], 4) for k in STEP_KEYS if k in r} for r in steps]}
+            rows = steps(metrics)
+            out[name] = {"steps": len(rows),
+                         "per_step": [{k: round(r[k], 4) for k in STEP_KEYS if k in r} for r in rows]}
             if (run / name / "samples.jsonl").is_file():  # the few samples logged a step (retrieval hits, queries)
                 out[name]["logged_samples"] = [
                     {"step": r["step"], "id": r["question_id"], "retrieval_hit": r["retrieval_hit"], "em": r["em"],

@@ -42,7 +42,7 @@ def row(name: str, summary: dict, stage_seconds: dict) -> str:
     searches = summary.get("searches")
     cells = [_num(sources.get("nq", {}).get("em"), 3), _num(sources.get("hotpotqa", {}).get("em"), 3),
              _num(macro.get("em"), 3), _num(macro.get("f1", summary.get("f1")), 3),
-             _num(searches, 3) if searches else ("0" if searches == 0 else ""),
+             "0" if searches == 0 else _num(searches, 3),
              _pct(summary.get("retrieval_hit")) if searches else "",
              _pct(summary.get("stop_reasons", {}).get("answered", 0.0)), wall]
     return f"| {name} | " + " | ".join(cells) + " |"
