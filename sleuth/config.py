@@ -346,6 +346,12 @@ class TrainConfig:
     still count in their group's statistics); ``penalty`` subtracts ``overlong_penalty`` from their reward."""
     overlong_penalty: Annotated[Float, Field(ge=0)] = 0.5
     """overlong=penalty: subtracted from a cut trajectory's reward."""
+    skip_zero_advantage: Bool = False
+    """Rows that add nothing to the gradient (advantage 0 at every trained token, as in a group whose rewards are
+    all equal, or no trained token) run no forward or backward in the update; the loss's denominators still count
+    them, so the gradient is the same to float rounding. Not when a KL loss, an entropy bonus or a critic reads every
+    row. The update's token means (``algo/entropy``, clip fractions) then cover the rows run; ``algo/rows_skipped``
+    counts the others."""
     grad_checkpointing: Bool = False
     """Recompute the policy's (and the critic's) activations in the backward pass: less memory, slower."""
     offload_optimizer: Bool = False

@@ -101,7 +101,7 @@ def learn(b: ScoredBatch, *, step: int, cfg, state, engine, layout, sampler_gap,
             grad_clip=tc.grad_clip, temperature=temp, scheduler=state.scheduler, seed=tc.seed * 1_000_003 + step,
             critic=state.critic_model, critic_optimizer=state.critic_opt, critic_scheduler=state.critic_scheduler,
             norm_len=cfg.rollout.max_context_tokens, train_policy=not 0 < step <= tc.critic_warmup_steps,
-            guide=b.guide,
+            guide=b.guide, skip_zero_advantage=tc.skip_zero_advantage,
         ))
     peaks.mark("update", "update", "optimizer step")
     metrics.update(engine.push())  # the next rollout samples from the updated weights (vLLM)

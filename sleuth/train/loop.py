@@ -12,6 +12,7 @@ the whole set's figures and writes checkpoints.
 
 from __future__ import annotations
 
+import math
 import sys
 import time
 from pathlib import Path
@@ -257,7 +258,7 @@ class Trainer:
             self.logger.log_samples(self.step, trajs, tc.log_samples)
             last = metrics
             warning = self.watch.check(metrics["reward/mean"], metrics.get("rollout/invalid_rate", 0.0),
-                                       metrics.get("algo/entropy", 0.0))
+                                       metrics.get("algo/entropy", math.nan))  # nan: no row ran (skipped)
             if warning and self._on_collapse(warning):
                 break
             if tc.save_every and self.step % tc.save_every == 0:

@@ -157,7 +157,9 @@ def _combine_token_metrics(token_sums: dict[str, float], tokens: float, maxima: 
     keys, max_keys = sorted(token_sums), sorted(maxima)
     *sums, total = all_sum([token_sums[k] for k in keys] + [tokens], device)
     peaks = all_max([maxima[k] for k in max_keys], device) if max_keys else []
-    out = {k: v / max(total, 1.0) for k, v in zip(keys, sums)}
+    if total == 0:  # no trained token ran on any rank (train.skip_zero_advantage skipped every row): not measured
+        return {}
+    out = {k: v / total for k, v in zip(keys, sums)}
     out.update(zip(max_keys, peaks))
     return out
 
@@ -187,13 +189,16 @@ def policy_update(
     critic_scheduler=None,
     train_policy: bool = True,
     guide=None,
+    skip_zero_advantage: bool = False,
 ) -> dict[str, float]:
     """Optimise ``policy`` (and ``critic``) on ``batch``; returns averaged ``algo/`` metrics. The rows run
     in ``layout``'s micro-batches (:class:`sleuth.train.layout.RowLayout`: padded, packed or with shared
     prefixes; its row and token budget). ``train_policy=False`` (the critic's warm-up): the critic alone
     is trained; the policy runs no forward, its optimizer and scheduler do not step. ``guide``
     (:class:`sleuth.train.guide.GuideRows`): supervised rows whose loss, times their coefficient, joins each
-    mini-batch's gradient (split over the mini-batches as the rows are)."""
+    mini-batch's gradient (split over the mini-batches as the rows are). ``skip_zero_advantage``: rows that add
+    nothing to the gradient (:func:`_rows_with_signal`) run no forward or backward; the denominators still count
+    them, so the gradient is the same (to float rounding: the micro-batches hold other rows)."""
     B = batch.input_ids_BT.shape[0]
     if not train_policy and critic is None:
         raise ValueError("train_policy=False (critic warm-up) needs a critic (algo.advantage=gae)")
@@ -217,8 +222,15 @@ def policy_update(
             (denom,) = all_sum([_denominator(algo, batch.loss_mask_BT, mb_rows)], device)
             _zero_grad(optimizer, critic_optimizer)
             finite, mb_loss, mb_value_loss = True, 0.0, 0.0
-            for local in _paired(layout.buckets(batch.input_ids_BT[mb_rows], batch.attention_mask_BT[mb_rows]), device):
-                rows = [mb_rows[0]] if local is None else [mb_rows[i] for i in local]
+            live = (_rows_with_signal(batch, mb_rows, algo, critic is not None or not train_policy)
+                    if skip_zero_advantage else mb_rows)
+            stats.rows_skipped += len(mb_rows) - len(live)
+            passes = _paired(layout.buckets(batch.input_ids_BT[live], batch.attention_mask_BT[live]) if live else [],
+                             device)
+            # no row with a gradient anywhere: one idle pass gives every weight its zero gradient, so the optimizer
+            # steps as it would have (AdamW's moments and weight decay act on a zero gradient, not on none)
+            for local in passes or [None]:
+                rows = [mb_rows[0]] if local is None else [live[i] for i in local]
                 loss, metrics, n_tokens = (_micro_loss(policy, batch, rows, algo, max(denom, 1.0), temperature, norm_len,
                                                        layout) if train_policy
                                            else (torch.zeros((), device=device), {}, 0))
@@ -227,6 +239,7 @@ def policy_update(
                     mb_value_loss += 0.0 if local is None else metrics.pop("algo/value_loss")  # shares: they add up
                 if local is None:  # an idle pass, for the collectives to pair up
                     (loss * 0.0).backward()
+                    stats.declare(metrics)  # a rank whose rows were all skipped still names every metric
                     continue
                 finite = finite and bool(torch.isfinite(loss))
                 (loss * world_info()[0]).backward()
@@ -243,6 +256,18 @@ def policy_update(
         if sched is not None:
             sched.step()
     return stats.result(device, critic=critic is not None, train_policy=train_policy)
+
+
+def _rows_with_signal(batch: UpdateBatch, rows: list[int], algo: AlgoConfig, critic: bool) -> list[int]:
+    """Those of ``rows`` whose loss has a gradient: a row whose advantage is 0 at every trained token (a group
+    whose rewards are all equal under GRPO, Dr.GRPO or RLOO) or that has no trained token (``train.overlong:
+    mask``) adds exactly 0 to the clipped policy loss, unless a term beside it reads its logprobs (a KL loss,
+    an entropy bonus) or a critic trains on it: then every row."""
+    kl_in_loss = algo.kl_mode == "loss" and algo.kl_coef > 0 and batch.ref_logprobs_BT is not None
+    if critic or kl_in_loss or algo.entropy_coef != 0:
+        return list(rows)
+    signal_B = ((batch.advantages_BT != 0) & (batch.loss_mask_BT != 0)).any(dim=-1)
+    return [r for r in rows if bool(signal_B[r])]
 
 
 def _guide_backward(policy, guide, m: int, mini_batches: int, batch: UpdateBatch, layout: RowLayout, stats,
@@ -319,11 +344,20 @@ class _UpdateStats:
     n: int = 0
     steps: int = 0
     skipped: int = 0
+    rows_skipped: int = 0  # rows left out of the passes (no gradient), over the mini-batches and epochs
     guide_rows: int = 0
     guide_losses: list = field(default_factory=list)
     grad_norms: list = field(default_factory=list)
     losses: list = field(default_factory=list)
     value_losses: list = field(default_factory=list)
+
+    def declare(self, metrics: dict[str, float]) -> None:
+        """The token means and maxima of an idle pass, at weight 0: every rank combines the same keys."""
+        for k in metrics:
+            if k in TOKEN_MEANS:
+                self.token_sums.setdefault(k, 0.0)
+            elif k in MAXIMA:
+                self.maxima.setdefault(k, -math.inf)
 
     def add(self, metrics: dict[str, float], n_tokens: int) -> None:
         self.tokens += n_tokens
@@ -350,6 +384,7 @@ class _UpdateStats:
         if critic:
             out["algo/critic_warmup"] = float(not train_policy)  # 1: a critic-only step
         out["algo/skipped_steps"] = self.skipped
+        (out["algo/rows_skipped"],) = all_sum([float(self.rows_skipped)], device)
         out["algo/lr"] = self.lr
         if self.critic_lr is not None:
             out["algo/critic_lr"] = self.critic_lr

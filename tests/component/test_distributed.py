@@ -30,6 +30,8 @@ WORLD = 2
 ESTIMATORS = ("grpo", "drgrpo", "rloo", "reinforce_pp", "gae")
 SCORES = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.0])
 GROUPS = list("aabbccdd")
+# train.skip_zero_advantage: rank 0's groups (a, b) all alike, advantage 0: it runs idle passes beside rank 1's
+SKIP_SCORES = torch.tensor([1.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 1.0])
 
 
 def _values(mask):
@@ -44,7 +46,7 @@ def _advantages(mask, rows=slice(None)):
             for name in ESTIMATORS}
 
 
-def _setup():
+def _setup(scores=SCORES):
     from tests.helpers.tiny import tiny_model, tiny_tokenizer
 
     tok = tiny_tokenizer()
@@ -60,7 +62,7 @@ def _setup():
         mask[b, L - 2 - b % 3 : L] = 1  # 11 vs 12 trained tokens per rank: the global count matters
     model = tiny_model(tok, seed=1).train()
     old = batched_logprobs(model, ids, att, micro_batch_size=8) + 0.2 * mask
-    adv, _ = compute_advantages(ALGO, SCORES, GROUPS, mask)
+    adv, _ = compute_advantages(ALGO, scores, GROUPS, mask)
     return model, UpdateBatch(ids, att, mask, adv, old)
 
 
@@ -71,8 +73,9 @@ def _rows(batch: UpdateBatch, rank: int, world: int) -> UpdateBatch:
                        batch.advantages_BT[rows], batch.old_logprobs_BT[rows])
 
 
-def _update(model, opt, batch, max_tokens=None):
-    return policy_update(model, opt, batch, ALGO, RowLayout("padded", 2, max_tokens), grad_clip=GRAD_CLIP)
+def _update(model, opt, batch, max_tokens=None, skip=False):
+    return policy_update(model, opt, batch, ALGO, RowLayout("padded", 2, max_tokens), grad_clip=GRAD_CLIP,
+                         skip_zero_advantage=skip)
 
 
 # a token budget that cuts rank 0's rows (lengths 9, 6, 12, 7) into 3 micro-batches and rank 1's
@@ -86,12 +89,12 @@ def _join(rank: int, world: int, port: int) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
 
 
-def _parallel_update(model, batch, rank, world, parallel, max_tokens=None):
+def _parallel_update(model, batch, rank, world, parallel, max_tokens=None, skip=False):
     """One SGD update on this rank's half of the batch under DDP or FSDP; the full weights (rank 0)
     and every rank's ``algo/loss``."""
     wrapped = par.wrap_for_update(model, parallel=parallel, world_size=world)
     opt = torch.optim.SGD(model.parameters(), lr=0.5)  # after sharding: FSDP swaps the parameters
-    metrics = _update(wrapped, opt, _rows(batch, rank, world), max_tokens)
+    metrics = _update(wrapped, opt, _rows(batch, rank, world), max_tokens, skip)
     state = par.full_model_state(model)  # a collective under FSDP
     losses, entropies = [None] * world, [None] * world
     dist.all_gather_object(losses, metrics["algo/loss"])
@@ -100,6 +103,7 @@ def _parallel_update(model, batch, rank, world, parallel, max_tokens=None):
     advantages = [None] * world
     dist.all_gather_object(advantages, _advantages(batch.loss_mask_BT, slice(rank * share, (rank + 1) * share)))
     return {"state": state, "losses": losses, "entropies": entropies, "sharded": par.is_sharded(wrapped),
+            "rows_skipped": metrics["algo/rows_skipped"],
             "advantages": {k: torch.cat([a[k] for a in advantages]) for k in ESTIMATORS}}
 
 
@@ -151,6 +155,8 @@ def _worker(rank: int, world: int, port: int, tmp: str) -> None:
     try:
         out = {p: _parallel_update(*_setup(), rank, world, p) for p in ("ddp", "fsdp")}
         out.update({f"{p}_budget": _parallel_update(*_setup(), rank, world, p, BUDGET) for p in ("ddp", "fsdp")})
+        out.update({f"{p}_skip": _parallel_update(*_setup(SKIP_SCORES), rank, world, p, skip=True)
+                    for p in ("ddp", "fsdp")})
         out["checkpoint"] = _fsdp_checkpoint(*_setup(), rank, world, Path(tmp))  # no sharded model kept
         if rank == 0:
             torch.save(out, Path(tmp) / "rank0.pt")
@@ -172,12 +178,13 @@ def ranks(tmp_path_factory):
     return tmp, torch.load(tmp / "rank0.pt", weights_only=False)
 
 
-@pytest.mark.parametrize("parallel", ["ddp", "fsdp", "ddp_budget", "fsdp_budget"])
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp", "ddp_budget", "fsdp_budget", "ddp_skip", "fsdp_skip"])
 def test_two_gloo_ranks_match_single_process(ranks, parallel):
-    """(``_budget``: a token budget gives the ranks 3 and 4 micro-batches.)"""
+    """(``_budget``: a token budget gives the ranks 3 and 4 micro-batches. ``_skip``: rank 0's rows have no
+    gradient and run no pass of their own (``train.skip_zero_advantage``); one process runs every row.)"""
     from sleuth.train.forward import length_buckets
 
-    model, batch = _setup()
+    model, batch = _setup(SKIP_SCORES if parallel.endswith("_skip") else SCORES)
     single = copy.deepcopy(model)
     metrics = _update(single, torch.optim.SGD(single.parameters(), lr=0.5), batch)
     assert metrics["algo/grad_norm"] > GRAD_CLIP  # the clip matters for this batch
@@ -187,6 +194,7 @@ def test_two_gloo_ranks_match_single_process(ranks, parallel):
 
     got = ranks[1][parallel]
     assert got["sharded"] == parallel.startswith("fsdp")
+    assert got["rows_skipped"] == (4.0 if parallel.endswith("_skip") else 0.0)
     moved = 0
     for name, p in single.state_dict().items():
         torch.testing.assert_close(got["state"][name], p, atol=1e-6, rtol=1e-5)
@@ -194,6 +202,8 @@ def test_two_gloo_ranks_match_single_process(ranks, parallel):
     assert moved > 0  # the update did something
     # each rank's loss is its share of the global mean: the shares add up (hence summed in metrics)
     assert sum(got["losses"]) == pytest.approx(metrics["algo/loss"], abs=1e-6)
+    if parallel.endswith("_skip"):
+        return  # its token means cover rank 1's rows only (the rows run)
     # a token-weighted metric is combined token-weighted: every rank reports the one-process figure
     assert got["entropies"] == pytest.approx([metrics["algo/entropy"]] * WORLD, abs=1e-6)
 
