@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Issue #36, attempt 15, as registered in docs/results.md ("Pre-registered: RL from zero on Gemma-3-270M, attempt
+# 15"): attempt 12's run (train.overlong=keep) with train.skip_zero_advantage=true, the rows without a gradient left
+# out of the update's passes, so that 120 minutes hold more steps. Two phases, each from the checkout's root on an
+# otherwise idle machine:
+#   nohup bash docs/experiments/gemma3_attempt15.sh train > runs/gemma3/zero15_train.log 2>&1 &
+#   nohup bash docs/experiments/gemma3_attempt15.sh eval > runs/gemma3/zero15_eval.log 2>&1 &
+# `train`: attempt 10's base rows restored (docs/experiments/gemma3_zero10_base.tar.gz, as for attempt 11), then
+# 120 minutes of RL from the base model (the recipe with --no-eval); `eval`: RL's rows (search, no search, C). The
+# recipe's finished stages are marked done and never rerun. No gate of its own: attempt 10's gate
+# (docs/experiments/gemma3_attempt10_gate.json) is its precondition, as for attempts 11-14.
+set -euo pipefail
+PHASE=${1:-}
+case "$PHASE" in train|eval) ;; *) echo "usage: $0 train|eval" >&2; exit 2 ;; esac
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+REG=fd918af  # the code attempt 15 is registered at (b609aa0's, with train.skip_zero_advantage)
+. docs/experiments/at_code.sh
+at_code_setup "$REG"  # the environment, the code at REG, P/S/C checked; then in $RUNDIR
+at_code_gate "$ROOT/docs/experiments/gemma3_attempt10_gate.json" 0.7 "attempt 15"
+# attempt 15's changes: attempt 12's (cut samples kept in the loss) and the update's passes over rows with a gradient
+# only; the config's seed (0), as attempts 11-13
+SET="$(at_code_attempt11_set) --set train.overlong=keep --set train.skip_zero_advantage=true"
+OUT=runs/gemma3/zero15
+BASE_TAR=$ROOT/docs/experiments/gemma3_zero10_base.tar.gz  # attempt 10's base rows (attempt 11's, restored alike)
+if [ "$PHASE" = train ]; then
+  [ ! -e "$OUT/done/rl" ] || { echo "$OUT: RL is done already; the next phase is eval" >&2; exit 2; }
+  if [ ! -e "$OUT" ]; then
+    mkdir -p "$OUT" && tar -xzf "$BASE_TAR" -C "$OUT" && echo "restored attempt 10's base evaluations from $BASE_TAR"
+  fi
+  at_code_recipe "$OUT" "$SET" --no-eval
+else
+  [ -e "$OUT/done/rl" ] || { echo "$OUT: no finished RL; run the train phase first" >&2; exit 2; }
+  at_code_recipe "$OUT" "$SET"
+fi
