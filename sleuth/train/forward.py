@@ -39,6 +39,7 @@ from transformers import DynamicCache
 from sleuth.algo.logprobs import entropy_from_logits, logprobs_and_entropy
 from sleuth.models import unwrap
 from sleuth.rollout.hf_backend import cache_kwarg
+from sleuth.rollout.hf_cache import sliding_window, supports_reuse
 from sleuth.train.chunked_head import scoring_head, supports_chunked_head
 from sleuth.train.prefix_share import prefix_buckets, shared_split
 
@@ -99,6 +100,16 @@ def supports_packing(model) -> bool:
     return (getattr(config, "model_type", None) in PACKING_MODELS
             and getattr(config, "_attn_implementation", None) in PACKING_ATTENTION
             and hasattr(masking, "find_packed_sequence_indices"))
+
+
+def supports_shared_prefix(model) -> bool:
+    """Whether ``model`` can run a micro-batch's common tokens once (``shared_prefix``) with the whole rows'
+    values: a ``DynamicCache`` of plain full-attention layers (``sleuth.rollout.hf_cache.supports_reuse``),
+    or of full and sliding-window layers under sdpa or eager attention (Gemma-3;
+    ``sleuth.rollout.hf_cache.sliding_window``). For the latter, the rows' own pass reads a sliding layer's
+    last ``window - 1`` cached keys, and transformers' masks place them by the cache's absolute positions."""
+    inner = unwrap(model)
+    return supports_reuse(inner) or sliding_window(inner) is not None
 
 
 def pack(input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor):
@@ -163,7 +174,7 @@ def token_logprobs(
     only); the others hold 0. ``packed``: the rows run as one row without padding (:func:`pack`;
     the same values, to float rounding, for a model :func:`supports_packing` accepts). ``shared_prefix``:
     the leading tokens common to all rows run once (``sleuth.train.prefix_share``; the same values, to
-    float rounding, for a model whose KV cache is plain full attention).
+    float rounding, for a model :func:`supports_shared_prefix` accepts).
     """
     if shared_prefix and packed:
         raise ValueError("token_logprobs: shared_prefix and packed cannot both be set (train.share_prefix and "

@@ -9,9 +9,9 @@ layouts:
   (:func:`sleuth.train.forward.length_buckets`);
 * ``packed`` (``train.remove_padding`` where the model supports it): each micro-batch's rows run as one
   row without padding, its budget counting real tokens;
-* ``shared_prefix`` (``train.share_prefix`` where the model's KV cache allows it): micro-batches of rows
-  with common leading tokens, the common part run once (:mod:`sleuth.train.prefix_share`); the critic's
-  values run padded.
+* ``shared_prefix`` (``train.share_prefix`` where the model's KV cache allows it: full attention, or full
+  and sliding-window layers): micro-batches of rows with common leading tokens, the common part run once
+  (:mod:`sleuth.train.prefix_share`); the critic's values run padded.
 
 :class:`RowLayout` holds the choice and the budget, gives the micro-batches, runs the no-grad passes in
 them and says what they cost (``perf/padding_share`` or ``perf/computed_token_share``).
@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from sleuth.rollout.hf_cache import supports_reuse
-from sleuth.train.forward import batched_logprobs, batched_values, length_buckets, padding_share, supports_packing
+from sleuth.train.forward import (batched_logprobs, batched_values, length_buckets, padding_share, supports_packing,
+                                  supports_shared_prefix)
 from sleuth.train.prefix_share import computed_share, prefix_buckets
 
 KINDS = ("padded", "packed", "shared_prefix")
@@ -55,12 +55,12 @@ class RowLayout:
         kind = "padded"
         config = getattr(model, "config", None)
         if train.share_prefix:  # settings it cannot run with at all are refused before loading (state.py)
-            if supports_reuse(model):
+            if supports_shared_prefix(model):
                 kind = "shared_prefix"
             elif warn:
-                print(f"warning: train.share_prefix is set but {type(model).__name__}'s KV cache is not plain "
-                      "full attention (sleuth.rollout.hf_cache.supports_reuse); the micro-batches run whole",
-                      flush=True)
+                print(f"warning: train.share_prefix is set but {type(model).__name__}'s KV cache is neither plain "
+                      "full attention nor full and sliding-window layers under sdpa or eager attention "
+                      "(sleuth.train.forward.supports_shared_prefix); the micro-batches run whole", flush=True)
         elif train.remove_padding:
             if supports_packing(model):
                 kind = "packed"

@@ -2,8 +2,9 @@
 sliding-window attention on most layers (a window shorter than the test contexts), query/key norms, tied
 embeddings. Generation equals ``generate`` and its logprobs a full forward; prefix reuse and hf_static (slot
 buffers with a mask per layer kind) equal whole prefills across rounds; packed rows and the chunked output
-layer give the padded rows' logprobs and gradients; the training side's shared-prefix layout, which needs plain
-full attention, runs whole rows and says why."""
+layer give the padded rows' logprobs and gradients; the training side's shared-prefix layout runs over sliding
+windows under sdpa and eager attention (its values: tests/component/test_prefix_share.py), and whole rows, saying
+why, where it is not tested."""
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from sleuth.rollout.hf_backend import HFBackend
 from sleuth.rollout.hf_cache import decode_window_masks, sliding_window, supports_reuse, window_masks
 from sleuth.rollout.hf_static import StaticHFBackend
 from sleuth.train.chunked_head import supports_chunked_head
-from sleuth.train.forward import supports_packing, token_logprobs
+from sleuth.train.forward import supports_packing, supports_shared_prefix, token_logprobs
 from sleuth.train.layout import RowLayout
 from tests.component.test_train_update import _batch
 from tests.helpers.tiny import tiny_tokenizer
@@ -25,11 +26,11 @@ pytestmark = pytest.mark.component
 WINDOW = 4
 
 
-def tiny_gemma3(tok, seed=0, softcap=None, attention="sdpa", sliding=3):
+def tiny_gemma3(tok, seed=0, softcap=None, attention="sdpa", sliding=3, window=WINDOW):
     torch.manual_seed(seed)
     config = Gemma3TextConfig(
         vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=1, head_dim=16, sliding_window=WINDOW, max_position_embeddings=1024,
+        num_key_value_heads=1, head_dim=16, sliding_window=window, max_position_embeddings=1024,
         layer_types=["sliding_attention"] * sliding + ["full_attention"] * (4 - sliding),
         pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None, tie_word_embeddings=True,
         final_logit_softcapping=softcap, attn_implementation=attention)
@@ -154,10 +155,19 @@ def test_a_final_soft_cap_rules_out_the_chunked_head(tok):
     assert not supports_chunked_head(tiny_gemma3(tok, softcap=30.0))
 
 
-def test_the_shared_prefix_layout_runs_whole_rows_and_says_why_once(tok, capsys):
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_the_shared_prefix_layout_runs_over_sliding_windows(tok, attention, capsys):
+    model = tiny_gemma3(tok, attention=attention)
+    assert not supports_reuse(model) and supports_shared_prefix(model)  # full and sliding-window layers
+    assert RowLayout.choose(TrainConfig(share_prefix=True), model).kind == "shared_prefix"
+    assert "warning" not in capsys.readouterr().out
+
+
+def test_the_shared_prefix_layout_runs_whole_rows_under_flash_attention_and_says_why_once(tok, capsys):
     model = tiny_gemma3(tok)
-    assert not supports_reuse(model)  # sliding-window layers: no plain full-attention cache to reuse
+    model.config._attn_implementation = "flash_attention_2"  # sliding windows by kernel argument: not tested here
+    assert not supports_shared_prefix(model)
     layout = RowLayout.choose(TrainConfig(share_prefix=True), model)
     assert layout.kind == "padded"
     out = capsys.readouterr().out
-    assert out.count("warning: train.share_prefix") == 1 and "not plain full attention" in out
+    assert out.count("warning: train.share_prefix") == 1 and "sliding-window layers under sdpa or eager" in out

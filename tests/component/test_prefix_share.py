@@ -1,5 +1,6 @@
 """Shared prefixes (train.share_prefix): a micro-batch's common leading tokens run once, and every value
-and gradient equals that of the rows run whole (float rounding apart)."""
+and gradient equals that of the rows run whole (float rounding apart), on Llama, Qwen2 and Gemma-3 (sliding
+windows shorter than the rows and than the shared prefix)."""
 
 import copy
 
@@ -18,6 +19,7 @@ from sleuth.train.prefix_share import (
 )
 from sleuth.train.update import UpdateBatch, compute_advantages, policy_update
 from sleuth.train.layout import RowLayout
+from tests.component.test_gemma3_arch import tiny_gemma3
 from tests.component.test_packing import _qwen2
 from tests.helpers.tiny import tiny_model, tiny_tokenizer
 
@@ -146,15 +148,27 @@ def _group_batch(tok, seed=0):
     return ids, att, mask
 
 
-def _model(kind, tok):
+def _model(kind, tok, seed=1):
+    """A tiny model: Llama (sdpa or eager), Qwen2, or Gemma-3 with sliding-window layers
+    (``gemma3[-eager]-wN``: window N, shorter than the rows; 4 also shorter than the shared prefix)."""
     if kind == "qwen2":
         return _qwen2(tok)
-    model = tiny_model(tok, seed=1)
+    if kind.startswith("gemma3"):
+        attention = "eager" if "-eager" in kind else "sdpa"
+        return tiny_gemma3(tok, seed=seed, attention=attention, window=int(kind.rsplit("-w", 1)[1]))
+    model = tiny_model(tok, seed=seed)
     model.config._attn_implementation = "sdpa" if kind == "llama" else "eager"
     return model
 
 
-@pytest.mark.parametrize("kind", ["llama", "llama-eager", "qwen2"])
+GEMMA3 = ["gemma3-w4", "gemma3-w16", "gemma3-eager-w4"]
+# the tiny Gemma-3's weights are spread (std 0.2) and normalised four times a layer: looser rounding, as in
+# tests/component/test_gemma3_arch.py
+TOLERANCE = {"values": {"atol": 2e-6, "rtol": 1e-5}, "grads": {"atol": 1e-5, "rtol": 1e-4}}
+GEMMA3_TOLERANCE = {"values": {"atol": 2e-5, "rtol": 1e-5}, "grads": {"atol": 1e-5, "rtol": 1e-4}}
+
+
+@pytest.mark.parametrize("kind", ["llama", "llama-eager", "qwen2", *GEMMA3])
 @pytest.mark.parametrize("chunked", [True, False])
 def test_shared_logprobs_and_gradients_equal_the_whole_rows(kind, chunked, monkeypatch):
     if not chunked:  # the plain output layer path (full logits at the kept positions)
@@ -162,6 +176,13 @@ def test_shared_logprobs_and_gradients_equal_the_whole_rows(kind, chunked, monke
     tok = tiny_tokenizer()
     ids, att, mask = _group_batch(tok)
     model = _model(kind, tok).train()
+    if kind in GEMMA3:  # the window is in effect on these rows: the same weights without it differ
+        window = model.config.sliding_window
+        assert int(att.sum(-1).max()) > window
+        unwindowed = tiny_gemma3(tok, seed=1, attention=model.config._attn_implementation, sliding=0, window=window)
+        with torch.no_grad():
+            a, b = (token_logprobs(m, ids, att, needed_BT=mask)[0] for m in (model, unwindowed))
+        assert float((a - b).abs().max()) > 1e-3
     cases = [(slice(0, 4), mask), (slice(4, 8), mask), (slice(0, 3), None), (slice(0, 2), torch.zeros_like(mask))]
     for rows, needed in cases:  # a group; a group with a row out of the loss; no mask; nothing to score
         r_ids, r_att = ids[rows], att[rows]
@@ -181,11 +202,12 @@ def test_shared_logprobs_and_gradients_equal_the_whole_rows(kind, chunked, monke
                 grads = [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in model.parameters()]
                 results.append((lp.detach(), ent.detach(), grads))
         real = r_att.bool()  # without a mask the whole rows' pass also scores the padding: compare real tokens
+        tol = GEMMA3_TOLERANCE if kind in GEMMA3 else TOLERANCE
         for whole, shared in zip(results[:2], results[2:]):
-            torch.testing.assert_close(shared[0][real], whole[0][real], atol=2e-6, rtol=1e-5)
-            torch.testing.assert_close(shared[1][real], whole[1][real], atol=2e-6, rtol=1e-5)
+            torch.testing.assert_close(shared[0][real], whole[0][real], **tol["values"])
+            torch.testing.assert_close(shared[1][real], whole[1][real], **tol["values"])
             for g_whole, g_shared in zip(whole[2], shared[2]):
-                torch.testing.assert_close(g_shared, g_whole, atol=1e-5, rtol=1e-4)
+                torch.testing.assert_close(g_shared, g_whole, **tol["grads"])
         if needed is not None and not needed[rows].any():
             assert all(float(g.abs().sum()) == 0 for g in results[0][2])  # the anchor: a graph, zero gradient
         else:
@@ -201,43 +223,46 @@ def test_shared_and_packed_together_are_refused():
         token_logprobs(_model("llama", tok), ids[:4], att[:4], needed_BT=mask[:4], packed=True, shared_prefix=True)
 
 
-def test_identical_rows_share_all_but_their_last_token():
+@pytest.mark.parametrize("kind", ["llama", "gemma3-w4"])
+def test_identical_rows_share_all_but_their_last_token(kind):
     tok = tiny_tokenizer()
     ids, att, mask = _group_batch(tok)
     same_ids, same_att, same_mask = ids[:1, :24].repeat(3, 1), att[:1, :24].repeat(3, 1), mask[:1, :24].repeat(3, 1)
     assert shared_split(same_ids, same_att) == 23
-    model = _model("llama", tok)
+    model = _model(kind, tok)
     with torch.no_grad():
         whole, _ = token_logprobs(model, same_ids, same_att, needed_BT=same_mask)
         shared, _ = token_logprobs(model, same_ids, same_att, needed_BT=same_mask, shared_prefix=True)
-    torch.testing.assert_close(shared, whole, atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(shared, whole, **(GEMMA3_TOLERANCE if kind in GEMMA3 else TOLERANCE)["values"])
 
 
-def test_batched_logprobs_shared_equal_whole_for_any_micro_batch():
+@pytest.mark.parametrize("kind", ["llama", "gemma3-w4"])
+def test_batched_logprobs_shared_equal_whole_for_any_micro_batch(kind):
     tok = tiny_tokenizer()
     ids, att, mask = _group_batch(tok)
-    model = _model("llama", tok)
+    model = _model(kind, tok)
     whole = batched_logprobs(model, ids, att, micro_batch_size=8, needed_BT=mask)
     for mbs, budget in ((8, None), (3, None), (4, 60), (1, None)):
         shared = batched_logprobs(model, ids, att, micro_batch_size=mbs, max_tokens=budget, needed_BT=mask,
                                   shared_prefix=True)
-        torch.testing.assert_close(shared, whole, atol=2e-6, rtol=1e-5)
+        torch.testing.assert_close(shared, whole, **(GEMMA3_TOLERANCE if kind in GEMMA3 else TOLERANCE)["values"])
     buckets = prefix_buckets(ids, att, 8)
     assert sorted(len(b) for b in buckets) == [1, 1, 3, 3]  # each group's three alike rows; the odd ones alone
     assert computed_share(ids, att, buckets) < 0.75
 
 
-def test_a_shared_update_equals_the_whole_rows_update():
+@pytest.mark.parametrize("kind", ["llama", "gemma3-w4"])
+def test_a_shared_update_equals_the_whole_rows_update(kind):
     tok = tiny_tokenizer()
     ids, att, mask = _group_batch(tok)
     algo = AlgoConfig(advantage="grpo", clip_low=0.2, clip_high=0.28, kl_coef=0.01, kl_mode="loss", entropy_coef=0.01)
-    base = tiny_model(tok, seed=1).train()
-    ref = tiny_model(tok, seed=2).eval()
+    base = _model(kind, tok, seed=1).train()
+    ref = _model(kind, tok, seed=2).eval()
     old = batched_logprobs(base, ids, att, micro_batch_size=4, needed_BT=mask)
     old = old + 0.2 * mask * torch.tensor([[(-1) ** (b + t) for t in range(ids.shape[1])] for b in range(8)])
     ref_lp = batched_logprobs(ref, ids, att, micro_batch_size=4, needed_BT=mask, shared_prefix=True)
     torch.testing.assert_close(ref_lp, batched_logprobs(ref, ids, att, micro_batch_size=4, needed_BT=mask),
-                               atol=2e-6, rtol=1e-5)
+                               **(GEMMA3_TOLERANCE if kind in GEMMA3 else TOLERANCE)["values"])
     scores = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0])
     adv, _ = compute_advantages(algo, scores, ["a"] * 4 + ["b"] * 4, mask)
     batch = UpdateBatch(ids, att, mask, adv, old, ref_logprobs_BT=ref_lp)

