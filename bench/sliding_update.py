@@ -4,7 +4,7 @@ layers) against the same update on packed rows (``train.remove_padding``, the Ge
 same batch, in the same run.
 
     .venv/bin/python bench/sliding_update.py [--json] [--model gemma3-270m] [--groups 1] [--group 8]
-                                             [--queries 5] [--repeats 2] [--threads N]
+                                             [--queries 5] [--repeats 2] [--threads N] [--dtype bfloat16]
 
 Workload: ``--groups`` GRPO groups of ``--group`` rows shaped as the recipe's rows (attempt 12's first step, from
 its metrics: a 510-token prompt, 342 response tokens of which 253 injected, 4.7 distinct queries in a group of 8):
@@ -18,8 +18,9 @@ scaled down (the smoke run).
 
 Reported: each layout's best wall time over ``--repeats`` interleaved updates (the machine may be shared), the
 ratio (``speedup``: packed over shared), the token slots computed per real token under shared prefixes, and each
-update's loss and gradient norm (equal to bf16 rounding: the same gradient; tests/component/test_prefix_share.py
-checks it to float32 rounding). The last stdout line is the JSON summary with ``--json``.
+update's loss and gradient norm (the same gradient: equal to the compute dtype's rounding; ``--dtype float32``
+compares them without bf16's, as tests/component/test_prefix_share.py does on a tiny Gemma3). The last stdout line
+is the JSON summary with ``--json``.
 """
 
 from __future__ import annotations
@@ -70,11 +71,11 @@ def load(name: str):
     return load_policy(name, dtype="float32", device="cpu")
 
 
-def update(model, batch, algo, layout: str, mbs: int) -> tuple[float, dict]:
+def update(model, batch, algo, layout: str, mbs: int, dtype: str) -> tuple[float, dict]:
     m = copy.deepcopy(model).train()
     opt = torch.optim.AdamW(m.parameters(), lr=1e-5, weight_decay=0.0)
     t0 = time.perf_counter()
-    with compute_autocast("bfloat16", "cpu"):
+    with compute_autocast(dtype, "cpu"):
         metrics = policy_update(m, opt, batch, algo, RowLayout(layout, mbs), grad_clip=1.0, temperature=TEMPERATURE)
     return time.perf_counter() - t0, metrics
 
@@ -94,7 +95,7 @@ def run(args) -> dict:
     mbs = args.micro_batch_size
     layout = RowLayout("packed", mbs)
     log(f"{rows} rows of {ids.shape[1]} tokens ({int(mask.sum())} trained); the old policy's pass")
-    with torch.no_grad(), compute_autocast("bfloat16", "cpu"):
+    with torch.no_grad(), compute_autocast(args.dtype, "cpu"):
         old = layout.logprobs(model, ids, att, temperature=TEMPERATURE, needed_BT=mask)
     scores = torch.rand(rows, generator=torch.Generator().manual_seed(1))
     adv, _ = compute_advantages(algo, scores, [f"q{i // args.group}" for i in range(rows)], mask)
@@ -103,12 +104,12 @@ def run(args) -> dict:
     metrics: dict[str, dict] = {}
     for r in range(args.repeats):  # interleaved, so that a busy spell hits both
         for name in LAYOUTS:
-            seconds, metrics[name] = update(model, batch, algo, name, mbs)
+            seconds, metrics[name] = update(model, batch, algo, name, mbs, args.dtype)
             best[name] = min(best[name], seconds)
             log(f"  repeat {r + 1}: {name} {seconds:.1f} s")
     shared = RowLayout("shared_prefix", mbs)
     return {
-        "model": args.model, "window": window, "rows": rows, "tokens_per_row": ids.shape[1],
+        "model": args.model, "dtype": args.dtype, "window": window, "rows": rows, "tokens_per_row": ids.shape[1],
         "trained_tokens": int(mask.sum()), "queries_per_group": args.queries,
         "computed_token_share": round(computed_share(ids, att, shared.buckets(ids, att)), 3),
         "packed_s": round(best["packed"], 2), "shared_s": round(best["shared_prefix"], 2),
@@ -130,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--micro-batch-size", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
+                    help="the compute dtype over float32 weights (bfloat16: the recipe's; float32: the layouts' "
+                         "gradients compared without bf16 rounding)")
     args = ap.parse_args(argv)
     if not 1 <= args.queries <= args.group:
         ap.error(f"--queries must be between 1 and --group ({args.group}), got {args.queries}")
