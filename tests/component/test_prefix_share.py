@@ -168,6 +168,10 @@ TOLERANCE = {"values": {"atol": 2e-6, "rtol": 1e-5}, "grads": {"atol": 1e-5, "rt
 GEMMA3_TOLERANCE = {"values": {"atol": 2e-5, "rtol": 1e-5}, "grads": {"atol": 1e-5, "rtol": 1e-4}}
 
 
+def _tol(kind):
+    return GEMMA3_TOLERANCE if kind in GEMMA3 else TOLERANCE
+
+
 @pytest.mark.parametrize("kind", ["llama", "llama-eager", "qwen2", *GEMMA3])
 @pytest.mark.parametrize("chunked", [True, False])
 def test_shared_logprobs_and_gradients_equal_the_whole_rows(kind, chunked, monkeypatch):
@@ -202,7 +206,7 @@ def test_shared_logprobs_and_gradients_equal_the_whole_rows(kind, chunked, monke
                 grads = [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in model.parameters()]
                 results.append((lp.detach(), ent.detach(), grads))
         real = r_att.bool()  # without a mask the whole rows' pass also scores the padding: compare real tokens
-        tol = GEMMA3_TOLERANCE if kind in GEMMA3 else TOLERANCE
+        tol = _tol(kind)
         for whole, shared in zip(results[:2], results[2:]):
             torch.testing.assert_close(shared[0][real], whole[0][real], **tol["values"])
             torch.testing.assert_close(shared[1][real], whole[1][real], **tol["values"])
@@ -233,7 +237,7 @@ def test_identical_rows_share_all_but_their_last_token(kind):
     with torch.no_grad():
         whole, _ = token_logprobs(model, same_ids, same_att, needed_BT=same_mask)
         shared, _ = token_logprobs(model, same_ids, same_att, needed_BT=same_mask, shared_prefix=True)
-    torch.testing.assert_close(shared, whole, **(GEMMA3_TOLERANCE if kind in GEMMA3 else TOLERANCE)["values"])
+    torch.testing.assert_close(shared, whole, **_tol(kind)["values"])
 
 
 @pytest.mark.parametrize("kind", ["llama", "gemma3-w4"])
@@ -245,7 +249,7 @@ def test_batched_logprobs_shared_equal_whole_for_any_micro_batch(kind):
     for mbs, budget in ((8, None), (3, None), (4, 60), (1, None)):
         shared = batched_logprobs(model, ids, att, micro_batch_size=mbs, max_tokens=budget, needed_BT=mask,
                                   shared_prefix=True)
-        torch.testing.assert_close(shared, whole, **(GEMMA3_TOLERANCE if kind in GEMMA3 else TOLERANCE)["values"])
+        torch.testing.assert_close(shared, whole, **_tol(kind)["values"])
     buckets = prefix_buckets(ids, att, 8)
     assert sorted(len(b) for b in buckets) == [1, 1, 3, 3]  # each group's three alike rows; the odd ones alone
     assert computed_share(ids, att, buckets) < 0.75
@@ -262,7 +266,7 @@ def test_a_shared_update_equals_the_whole_rows_update(kind):
     old = old + 0.2 * mask * torch.tensor([[(-1) ** (b + t) for t in range(ids.shape[1])] for b in range(8)])
     ref_lp = batched_logprobs(ref, ids, att, micro_batch_size=4, needed_BT=mask, shared_prefix=True)
     torch.testing.assert_close(ref_lp, batched_logprobs(ref, ids, att, micro_batch_size=4, needed_BT=mask),
-                               **(GEMMA3_TOLERANCE if kind in GEMMA3 else TOLERANCE)["values"])
+                               **_tol(kind)["values"])
     scores = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0])
     adv, _ = compute_advantages(algo, scores, ["a"] * 4 + ["b"] * 4, mask)
     batch = UpdateBatch(ids, att, mask, adv, old, ref_logprobs_BT=ref_lp)
