@@ -6,11 +6,12 @@
         docs/experiments/gemma3_attempt3_selection.json --what "issue #36 attempt 3's selection" --code 2fbbba6
 
 Writes one JSON file: the commit the run used (``--code``), the hashes of P and C (of P and S for a selection), each
-stage's wall seconds (``times.tsv``), each training stage's per-step figures (from ``metrics.jsonl``) and logged
-samples (``samples.jsonl``: retrieval hit, queries, answer), and for every evaluation under ``RUN/eval`` (a selection
-arm's ``eval_S``) its summary, its real searches per question (queries other than the instruction's placeholder
-``query`` and the few-shot example's ``timbuktu city country``; more with ``--copy``) and per question: id, source,
-em, f1, searches, stop reason, answer and the queries. Refuses to overwrite an existing file.
+stage's wall seconds (``times.tsv``), each training stage's per-step figures (every number a step logged in
+``metrics.jsonl``) and logged samples (``samples.jsonl``: retrieval hit, queries, answer), and for every evaluation
+under ``RUN/eval`` (a selection arm's ``eval_S``) its summary, its real searches per question (queries other than the
+instruction's placeholder ``query`` and the few-shot example's ``timbuktu city country``; more with ``--copy``) and
+per question: id, source, em, f1, searches, stop reason, answer and the queries. Refuses to overwrite an existing
+file.
 """
 from __future__ import annotations
 
@@ -20,9 +21,6 @@ import json
 import sys
 from pathlib import Path
 
-STEP_KEYS = ("reward/mean", "reward/em", "reward/f1", "reward/format", "rollout/searches_mean", "rollout/answered_frac",
-             "rollout/stop/max_tokens", "rollout/stop/context_full", "groups/reward_variance_share", "sampling/rounds",
-             "perf/step_s", "mem/update_peak_gib")
 TRAIN_STAGES = ("rl_stage1", "rl", "sft", "sft_rl")
 
 
@@ -40,6 +38,12 @@ def _sha256(path: Path) -> str | None:
     return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
 
 
+def _figures(row: dict) -> dict:
+    """Every number a step logged (its step included), to 4 decimals: records written before 2026-11-30 kept 12 of
+    them (the reward's, searches, answered, stops, groups' spread share, rounds, step seconds, update peak)."""
+    return {k: round(v, 4) for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
 def training(run: Path) -> dict:
     out = {}
     for name in TRAIN_STAGES:
@@ -47,7 +51,7 @@ def training(run: Path) -> dict:
         if metrics.is_file():
             rows = steps(metrics)
             out[name] = {"steps": len(rows),
-                         "per_step": [{k: round(r[k], 4) for k in STEP_KEYS if k in r} for r in rows]}
+                         "per_step": [_figures(r) for r in rows]}
             if (run / name / "samples.jsonl").is_file():  # the few samples logged a step (retrieval hits, queries)
                 out[name]["logged_samples"] = [
                     {"step": r["step"], "id": r["question_id"], "retrieval_hit": r["retrieval_hit"], "em": r["em"],
