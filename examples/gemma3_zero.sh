@@ -17,7 +17,7 @@
 # `--set key=value` words for every run, e.g. "--set data.train_files=[runs/rl_gain/P.jsonl]"), DTYPE (the runs'
 # model.dtype; default auto: bfloat16 on a GPU or a CPU with native bf16 arithmetic, else the config's float32;
 # the evaluations run in float32 either way), RL_MINUTES (each route's budget, default 120), REWARD
-# (search_r1, the default: Search-R1's format-shaped EM in its tags; r1_searcher: R1-Searcher's base prompt and
+# (search_r1, the default: the config's reward in Search-R1's tags; r1_searcher: R1-Searcher's base prompt and
 # tags, its stage-1 reward, for a well-formed search call, during the first STAGE1_MINUTES (default 20), then
 # its stage-2 reward, the answer's F1; search_r1_staged: Search-R1's prompt and tags, R1-Searcher's stage-1 terms
 # read in them (`search_r1_stage1`) for STAGE1_MINUTES, then Search-R1's reward), SFT_ROUTE (1; 0 skips the
