@@ -38,7 +38,7 @@ COLUMNS = (  # (header, metric, digits)
 def recorded_steps(arg: str) -> list[dict]:
     """The training steps a records file keeps (``FILE.json`` or ``FILE.json:STAGE``), numbered from 1 where the
     records did not keep the step."""
-    name, _, stage = arg.partition(".json")
+    name, _, stage = arg.rpartition(".json")  # the last ".json": a folder's name may hold one
     path, stage = Path(name + ".json"), stage.removeprefix(":") or "rl"
     if not path.is_file():
         raise SystemExit(f"{path}: no such records file")
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__, file=sys.stderr)
         return 2
     for arg in args:
-        rows = recorded_steps(arg) if ".json" in arg and not arg.endswith(".jsonl") else steps(Path(arg))
+        rows = recorded_steps(arg) if arg.endswith(".json") or ".json:" in arg else steps(Path(arg))
         print(f"### {arg}\n\n{table(rows)}\n")
     return 0
 
